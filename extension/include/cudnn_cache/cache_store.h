@@ -1,0 +1,94 @@
+#pragma once
+
+// All perf caches of a process, by origin (device identity + cuDNN major.minor).
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cudnn_cache/device.h"
+#include "cudnn_cache/perf_cache.h"
+
+namespace cudnn_cache {
+
+// The three perf caches of one origin.
+struct DirectionCaches {
+  PerfCache<ForwardTraits> forward;
+  PerfCache<BackwardDataTraits> backward_data;
+  PerfCache<BackwardFilterTraits> backward_filter;
+
+  // The cache of the direction Traits describes.
+  template <typename Traits>
+  PerfCache<Traits>& get() {
+    return std::get<static_cast<std::size_t>(Traits::direction)>(std::tie(forward, backward_data, backward_filter));
+  }
+  template <typename Traits>
+  const PerfCache<Traits>& get() const {
+    return const_cast<DirectionCaches*>(this)->get<Traits>();
+  }
+
+  // Entries in all three caches.
+  std::size_t size() const { return forward.size() + backward_data.size() + backward_filter.size(); }
+  void clear() {
+    forward.clear();
+    backward_data.clear();
+    backward_filter.clear();
+  }
+};
+
+// Calls f(Traits{}) for each direction's traits, in Direction order.
+template <typename F>
+void for_each_direction(F&& f) {
+  f(ForwardTraits{});
+  f(BackwardDataTraits{});
+  f(BackwardFilterTraits{});
+}
+
+// Every origin's caches. Safe to use from many threads at once.
+class CacheStore {
+ public:
+  // The caches of the origin, created empty on first use. The reference stays valid as long as the store.
+  DirectionCaches& caches(const Origin& origin) {
+    std::lock_guard lock(mutex_);
+    auto& slot = caches_[origin];
+    if (!slot) slot = std::make_unique<DirectionCaches>();
+    return *slot;
+  }
+
+  // The caches of the origin, or null if it has none.
+  const DirectionCaches* find(const Origin& origin) const {
+    std::lock_guard lock(mutex_);
+    const auto found = caches_.find(origin);
+    return found == caches_.end() ? nullptr : found->second.get();
+  }
+
+  // Every origin with its caches, sorted by origin.
+  std::vector<std::pair<Origin, const DirectionCaches*>> origins() const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::pair<Origin, const DirectionCaches*>> result;
+    for (const auto& [origin, caches] : caches_) result.emplace_back(origin, caches.get());
+    return result;
+  }
+
+  // Entries over all origins and directions.
+  std::size_t size() const {
+    std::size_t total = 0;
+    for (const auto& [origin, caches] : origins()) total += caches->size();
+    return total;
+  }
+
+  // Empties every cache. Origins stay, so references returned by caches() stay valid.
+  void clear() {
+    std::lock_guard lock(mutex_);
+    for (auto& [origin, caches] : caches_) caches->clear();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<Origin, std::unique_ptr<DirectionCaches>> caches_;
+};
+
+}  // namespace cudnn_cache

@@ -1,0 +1,88 @@
+#pragma once
+
+// The cache file: every origin's rankings in cereal's portable binary archive, framed by a header and closed
+// by a checksum. checkpoint.cpp draws the layout.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cudnn_cache/cache_store.h"
+#include "cudnn_cache/device.h"
+#include "cudnn_cache/perf_cache.h"
+
+namespace cudnn_cache {
+
+// The format this build writes; it reads every version from 1 up to this one.
+inline constexpr std::uint32_t kFormatVersion = 1;
+
+// The first bytes of every cache file after cereal's endianness byte.
+inline constexpr std::array<char, 8> kMagic = {'C', 'D', 'N', 'N', 'C', 'A', 'C', 'H'};
+
+// The versions a file was written with.
+struct CheckpointHeader {
+  std::uint32_t format_version = kFormatVersion;
+  std::uint32_t cudnn_version = 0;         // CudnnVersion::number() of the writer, e.g. 91900
+  std::uint32_t cuda_runtime_version = 0;  // cudaRuntimeGetVersion() of the writer, e.g. 13000
+};
+
+// The entries of one origin, each direction sorted by key.
+struct CheckpointSection {
+  Origin origin;
+  std::vector<PerfCache<ForwardTraits>::Entry> forward;
+  std::vector<PerfCache<BackwardDataTraits>::Entry> backward_data;
+  std::vector<PerfCache<BackwardFilterTraits>::Entry> backward_filter;
+
+  template <typename Traits>
+  std::vector<typename PerfCache<Traits>::Entry>& entries() {
+    return std::get<static_cast<std::size_t>(Traits::direction)>(std::tie(forward, backward_data, backward_filter));
+  }
+  template <typename Traits>
+  const std::vector<typename PerfCache<Traits>::Entry>& entries() const {
+    return const_cast<CheckpointSection*>(this)->entries<Traits>();
+  }
+
+  std::size_t size() const { return forward.size() + backward_data.size() + backward_filter.size(); }
+};
+
+// The whole content of a cache file, detached from any store.
+struct Checkpoint {
+  CheckpointHeader header;
+  std::vector<CheckpointSection> sections;  // sorted by origin, one per origin
+
+  std::size_t size() const;
+};
+
+// What a load did.
+struct LoadReport {
+  CheckpointHeader header;            // the versions the file was written with
+  std::size_t entries = 0;            // entries in the file, all merged into the store
+  std::size_t other_cudnn_entries = 0;  // of those, measured with another cuDNN major.minor: kept, never used
+};
+
+// A copy of every entry of the store, stamped with this process's cuDNN and CUDA runtime versions.
+Checkpoint snapshot(const CacheStore& store);
+
+// Merges every entry into the store (Note [Selection, merge and fallback policy]).
+void merge_into(CacheStore& store, const Checkpoint& checkpoint);
+
+// The file's bytes for a checkpoint.
+std::string serialize(const Checkpoint& checkpoint);
+
+// Parses and checks a file's bytes. `source` names them in errors. Throws Error saying what is wrong: wrong
+// magic, newer format, truncated, checksum mismatch, or an invalid entry.
+Checkpoint deserialize(const std::string& bytes, const std::string& source);
+
+// Reads and checks a cache file without touching any store.
+Checkpoint read_checkpoint(const std::string& path);
+
+// Writes every entry of the store to the file, atomically (Note [Atomic save]).
+void save(const CacheStore& store, const std::string& path);
+
+// Reads the file and merges it into the store, all or nothing: on any error the store is unchanged.
+// Entries of another cuDNN major.minor than `running` are kept but never used, and counted in the report.
+LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& running = CudnnVersion::of_library());
+
+}  // namespace cudnn_cache

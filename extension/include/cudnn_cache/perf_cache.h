@@ -1,0 +1,235 @@
+#pragma once
+
+// Perf caches: for each convolution key, the ranked candidates a search measured. One generic, thread-safe
+// cache serves each direction through a traits struct.
+//
+// Note [Selection, merge and fallback policy]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What wins. A ranking lists the candidates of one key best first:
+//   1. candidates that ran (status CUDNN_STATUS_SUCCESS) before those that failed;
+//   2. among those that ran, the faster measured time first;
+//   3. on equal times, the smaller workspace first;
+//   4. then by algorithm, math type and determinism, so that the order is total and files are reproducible.
+// A ranking holds one candidate per (algorithm, math type) and at most kMaxCandidates of them.
+//
+// Merge rule. When a key already has a ranking (a load into a non-empty cache, merging two files, a re-tune),
+// the two are merged candidate by candidate: for each (algorithm, math type) the better measurement by the
+// order above is kept (a faster measured time wins; on a tie, the smaller workspace wins; a success beats a
+// failure), and the union is ranked again. Measurements are never averaged: each one is a median already.
+//
+// Fallback. A caller walks a ranking front to back and runs the first candidate that fits its constraints
+// (determinism when deterministic algorithms are requested) and whose workspace it can allocate; when one
+// fails at run time (out of memory, NOT_SUPPORTED) it moves on to the next, and after the last to cuDNN's
+// heuristics. Failed candidates stay in the ranking, after the successful ones, as a record of what did not
+// work; they are never chosen.
+//
+// Other GPUs and cuDNN versions. Measurements hold only for the GPU model and cuDNN release they were taken
+// on, so every ranking lives under an Origin (device identity + cuDNN major.minor, cache_store.h). Rankings of
+// another origin are loaded, kept and saved again, but never used: a process only looks up its own origin.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cudnn_cache/cudnn.h"
+#include "cudnn_cache/error.h"
+#include "cudnn_cache/key.h"
+
+namespace cudnn_cache {
+
+// Direction traits: the cuDNN algorithm and perf types of each direction.
+struct ForwardTraits {
+  static constexpr Direction direction = Direction::forward;
+  using Algorithm = cudnnConvolutionFwdAlgo_t;
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr int algorithm_count = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  // cuDNN's name without the common prefix, e.g. "IMPLICIT_PRECOMP_GEMM".
+  static std::string algorithm_name(int algorithm);
+};
+
+struct BackwardDataTraits {
+  static constexpr Direction direction = Direction::backward_data;
+  using Algorithm = cudnnConvolutionBwdDataAlgo_t;
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr int algorithm_count = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static std::string algorithm_name(int algorithm);
+};
+
+struct BackwardFilterTraits {
+  static constexpr Direction direction = Direction::backward_filter;
+  using Algorithm = cudnnConvolutionBwdFilterAlgo_t;
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr int algorithm_count = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static std::string algorithm_name(int algorithm);
+};
+
+// The name of an algorithm of the given direction, or "ALGO_<n>" for a number cuDNN does not define.
+std::string algorithm_name(Direction direction, int algorithm);
+
+// At most this many candidates are kept per key: every legacy algorithm of the largest direction.
+inline constexpr std::size_t kMaxCandidates = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+
+// One measured algorithm choice for a key.
+template <typename Traits>
+struct Candidate {
+  typename Traits::Algorithm algorithm{};
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  float time_ms = 0.0f;  // median measured time
+  std::uint64_t workspace_bytes = 0;
+  cudnnDeterminism_t determinism = CUDNN_NON_DETERMINISTIC;
+  cudnnMathType_t math_type = CUDNN_DEFAULT_MATH;
+
+  // The candidate cudnnFind*AlgorithmEx reported. cuDNN gives a failed algorithm the time -1; it is stored
+  // as 0, since a failure has no time and every stored time is >= 0.
+  static Candidate from_perf(const typename Traits::Perf& perf) {
+    const float time = perf.status == CUDNN_STATUS_SUCCESS ? perf.time : 0.0f;
+    return {perf.algo, perf.status, time, static_cast<std::uint64_t>(perf.memory), perf.determinism, perf.mathType};
+  }
+
+  bool succeeded() const { return status == CUDNN_STATUS_SUCCESS; }
+
+  friend bool operator==(const Candidate& a, const Candidate& b) {
+    return a.algorithm == b.algorithm && a.status == b.status && a.time_ms == b.time_ms &&
+           a.workspace_bytes == b.workspace_bytes && a.determinism == b.determinism && a.math_type == b.math_type;
+  }
+  friend bool operator!=(const Candidate& a, const Candidate& b) { return !(a == b); }
+};
+
+// True when a ranks before b; see Note [Selection, merge and fallback policy].
+template <typename Traits>
+bool ranks_before(const Candidate<Traits>& a, const Candidate<Traits>& b) {
+  if (a.succeeded() != b.succeeded()) return a.succeeded();
+  if (a.succeeded()) {
+    if (a.time_ms != b.time_ms) return a.time_ms < b.time_ms;
+    if (a.workspace_bytes != b.workspace_bytes) return a.workspace_bytes < b.workspace_bytes;
+  }
+  if (a.algorithm != b.algorithm) return a.algorithm < b.algorithm;
+  if (a.math_type != b.math_type) return a.math_type < b.math_type;
+  if (a.determinism != b.determinism) return a.determinism < b.determinism;
+  return a.status < b.status;
+}
+
+// The candidates of one key, best first, with no heap allocation so a cache hit copies it cheaply.
+template <typename Traits>
+class Ranking {
+ public:
+  using value_type = Candidate<Traits>;
+  using const_iterator = const value_type*;
+
+  Ranking() = default;
+
+  // Ranks any number of candidates by Note [Selection, merge and fallback policy].
+  template <typename Iterator>
+  static Ranking of(Iterator first, Iterator last) {
+    std::vector<value_type> all(first, last);
+    std::sort(all.begin(), all.end(), ranks_before<Traits>);
+    Ranking ranking;
+    for (const value_type& candidate : all) {
+      if (ranking.size_ == kMaxCandidates) break;
+      const bool seen = std::any_of(ranking.begin(), ranking.end(), [&](const value_type& kept) {
+        return kept.algorithm == candidate.algorithm && kept.math_type == candidate.math_type;
+      });
+      if (!seen) ranking.candidates_[ranking.size_++] = candidate;  // the first seen is the better one
+    }
+    return ranking;
+  }
+  static Ranking of(std::initializer_list<value_type> candidates) { return of(candidates.begin(), candidates.end()); }
+
+  // The ranking of what a cudnnFind*AlgorithmEx call returned.
+  static Ranking of_perfs(const typename Traits::Perf* perfs, int count) {
+    std::vector<value_type> candidates;
+    for (int i = 0; i < count; ++i) candidates.push_back(value_type::from_perf(perfs[i]));
+    return of(candidates.begin(), candidates.end());
+  }
+
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const_iterator begin() const { return candidates_.data(); }
+  const_iterator end() const { return candidates_.data() + size_; }
+  const value_type& operator[](std::size_t i) const { return candidates_[i]; }
+  // The best candidate; the ranking must not be empty.
+  const value_type& front() const { return candidates_[0]; }
+
+  friend bool operator==(const Ranking& a, const Ranking& b) { return std::equal(a.begin(), a.end(), b.begin(), b.end()); }
+  friend bool operator!=(const Ranking& a, const Ranking& b) { return !(a == b); }
+
+ private:
+  std::array<value_type, kMaxCandidates> candidates_{};
+  std::size_t size_ = 0;
+};
+
+// The merge rule of Note [Selection, merge and fallback policy].
+template <typename Traits>
+Ranking<Traits> merge(const Ranking<Traits>& a, const Ranking<Traits>& b) {
+  std::vector<Candidate<Traits>> all(a.begin(), a.end());
+  all.insert(all.end(), b.begin(), b.end());
+  return Ranking<Traits>::of(all.begin(), all.end());
+}
+
+// One direction's cache: convolution key -> ranking. Safe to use from many threads at once.
+template <typename Traits>
+class PerfCache {
+ public:
+  using Entry = std::pair<ConvolutionKey, Ranking<Traits>>;
+
+  // The ranking stored for the key, or an empty optional on a miss. A miss never inserts and never throws.
+  std::optional<Ranking<Traits>> find(const ConvolutionKey& key) const {
+    std::shared_lock lock(mutex_);
+    const auto found = rankings_.find(key);
+    if (found == rankings_.end()) return std::nullopt;
+    return found->second;
+  }
+
+  // Stores the ranking under the key, merged with what the key already holds.
+  // Throws Error if the key belongs to another direction or the ranking is empty.
+  void insert(const ConvolutionKey& key, const Ranking<Traits>& ranking) {
+    CUDNN_CACHE_REQUIRE(key.direction == static_cast<std::int32_t>(Traits::direction), "the ",
+                        to_string(Traits::direction), " cache cannot hold a key of direction ",
+                        to_string(static_cast<Direction>(key.direction)), " (", key, ")");
+    CUDNN_CACHE_REQUIRE(!ranking.empty(), "cannot cache an empty ranking for ", key);
+    std::unique_lock lock(mutex_);
+    const auto [slot, inserted] = rankings_.try_emplace(key, ranking);
+    if (!inserted) slot->second = merge(slot->second, ranking);
+  }
+
+  // Removes the key; returns whether it was there.
+  bool erase(const ConvolutionKey& key) {
+    std::unique_lock lock(mutex_);
+    return rankings_.erase(key) > 0;
+  }
+
+  std::size_t size() const {
+    std::shared_lock lock(mutex_);
+    return rankings_.size();
+  }
+
+  void clear() {
+    std::unique_lock lock(mutex_);
+    rankings_.clear();
+  }
+
+  // A snapshot of every entry, sorted by key, so listings and files are reproducible.
+  std::vector<Entry> entries() const {
+    std::vector<Entry> snapshot;
+    {
+      std::shared_lock lock(mutex_);
+      snapshot.assign(rankings_.begin(), rankings_.end());
+    }
+    std::sort(snapshot.begin(), snapshot.end(), [](const Entry& a, const Entry& b) { return a.first < b.first; });
+    return snapshot;
+  }
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<ConvolutionKey, Ranking<Traits>, KeyHash> rankings_;
+};
+
+}  // namespace cudnn_cache

@@ -1,0 +1,171 @@
+#pragma once
+
+// cereal serialization of every persisted type, versioned from 1. Included only where archives are made, so
+// the core headers stay free of cereal.
+//
+// Loads check what they read (sizes, counts, enum ranges) so that no byte sequence, however corrupt, can
+// make them allocate without bound or build an invalid value: they throw cereal::Exception, which the
+// checkpoint code rethrows as Error naming the file.
+
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/cereal.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/string.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "cudnn_cache/device.h"
+#include "cudnn_cache/error.h"
+#include "cudnn_cache/key.h"
+#include "cudnn_cache/perf_cache.h"
+
+namespace cudnn_cache {
+
+inline constexpr std::size_t kMaxDeviceNameLength = 256;
+
+// The file layout drawn in checkpoint.cpp counts a key as 47 int32 words.
+static_assert(sizeof(ConvolutionKey) == 47 * sizeof(std::int32_t));
+
+namespace detail {
+
+template <typename... Args>
+[[noreturn]] void throw_invalid(const Args&... args) {
+  throw cereal::Exception(concat(args...));
+}
+
+}  // namespace detail
+
+template <class Archive>
+void serialize(Archive& archive, TensorKey& key, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("data_type", key.data_type), CEREAL_NVP_("nb_dims", key.nb_dims),
+          CEREAL_NVP_("dims", key.dims), CEREAL_NVP_("strides", key.strides));
+}
+
+template <class Archive>
+void serialize(Archive& archive, FilterKey& key, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("data_type", key.data_type), CEREAL_NVP_("format", key.format),
+          CEREAL_NVP_("nb_dims", key.nb_dims), CEREAL_NVP_("dims", key.dims));
+}
+
+template <class Archive>
+void serialize(Archive& archive, ConvolutionDescriptorKey& key, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("nb_spatial_dims", key.nb_spatial_dims), CEREAL_NVP_("padding", key.padding),
+          CEREAL_NVP_("stride", key.stride), CEREAL_NVP_("dilation", key.dilation), CEREAL_NVP_("mode", key.mode),
+          CEREAL_NVP_("compute_type", key.compute_type), CEREAL_NVP_("groups", key.groups),
+          CEREAL_NVP_("math_type", key.math_type));
+}
+
+// In binary archives a key is its std::int32_t words in declaration order, as one block: every field is an
+// int32 (Note [Keys are values]), and reading 10k keys field by field through cereal took twice as long.
+// Text archives get the fields by name.
+template <class Archive>
+void serialize(Archive& archive, ConvolutionKey& key, std::uint32_t const /*version*/) {
+  if constexpr (cereal::traits::is_same_archive<Archive, cereal::PortableBinaryOutputArchive>::value ||
+                cereal::traits::is_same_archive<Archive, cereal::PortableBinaryInputArchive>::value) {
+    archive(cereal::binary_data(reinterpret_cast<std::int32_t*>(&key), sizeof key));
+  } else {
+    archive(CEREAL_NVP_("direction", key.direction), CEREAL_NVP_("input", key.input),
+            CEREAL_NVP_("weight", key.weight), CEREAL_NVP_("output", key.output),
+            CEREAL_NVP_("convolution", key.convolution));
+  }
+}
+
+template <class Archive>
+void save(Archive& archive, const DeviceIdentity& device, std::uint32_t const /*version*/) {
+  if (device.name.size() > kMaxDeviceNameLength) {  // CUDA's own names fit in 255 bytes
+    throw Error(detail::concat("cannot save a device name of ", device.name.size(), " bytes (at most ",
+                               kMaxDeviceNameLength, "): '", device.name.substr(0, 40), "...'"));
+  }
+  archive(CEREAL_NVP_("name", device.name),
+          CEREAL_NVP_("compute_capability_major", device.compute_capability_major),
+          CEREAL_NVP_("compute_capability_minor", device.compute_capability_minor),
+          CEREAL_NVP_("multiprocessor_count", device.multiprocessor_count));
+}
+
+template <class Archive>
+void load(Archive& archive, DeviceIdentity& device, std::uint32_t const /*version*/) {
+  if constexpr (std::is_same_v<Archive, cereal::PortableBinaryInputArchive>) {
+    cereal::size_type length = 0;  // read by hand: cereal's string load would allocate whatever length it reads
+    archive(cereal::make_size_tag(length));
+    if (length > kMaxDeviceNameLength) detail::throw_invalid("device name of ", length, " bytes");
+    device.name.resize(length);
+    archive(cereal::binary_data(device.name.data(), length));
+  } else {
+    archive(CEREAL_NVP_("name", device.name));
+  }
+  archive(CEREAL_NVP_("compute_capability_major", device.compute_capability_major),
+          CEREAL_NVP_("compute_capability_minor", device.compute_capability_minor),
+          CEREAL_NVP_("multiprocessor_count", device.multiprocessor_count));
+}
+
+template <class Archive>
+void serialize(Archive& archive, Origin& origin, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("device", origin.device), CEREAL_NVP_("cudnn_major", origin.cudnn_major),
+          CEREAL_NVP_("cudnn_minor", origin.cudnn_minor));
+}
+
+// Enums are stored as std::int32_t whatever their underlying type, so files do not depend on the compiler.
+template <class Archive, typename Traits>
+void save(Archive& archive, const Candidate<Traits>& candidate, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("algorithm", static_cast<std::int32_t>(candidate.algorithm)),
+          CEREAL_NVP_("status", static_cast<std::int32_t>(candidate.status)),
+          CEREAL_NVP_("time_ms", candidate.time_ms), CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes),
+          CEREAL_NVP_("determinism", static_cast<std::int32_t>(candidate.determinism)),
+          CEREAL_NVP_("math_type", static_cast<std::int32_t>(candidate.math_type)));
+}
+
+template <class Archive, typename Traits>
+void load(Archive& archive, Candidate<Traits>& candidate, std::uint32_t const /*version*/) {
+  std::int32_t algorithm = 0, status = 0, determinism = 0, math_type = 0;
+  archive(CEREAL_NVP_("algorithm", algorithm), CEREAL_NVP_("status", status),
+          CEREAL_NVP_("time_ms", candidate.time_ms), CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes),
+          CEREAL_NVP_("determinism", determinism), CEREAL_NVP_("math_type", math_type));
+  if (algorithm < 0 || algorithm >= Traits::algorithm_count) {
+    detail::throw_invalid(to_string(Traits::direction), " algorithm ", algorithm, " does not exist");
+  }
+  if (!std::isfinite(candidate.time_ms) || candidate.time_ms < 0) detail::throw_invalid("time ", candidate.time_ms);
+  if (determinism != CUDNN_NON_DETERMINISTIC && determinism != CUDNN_DETERMINISTIC) {
+    detail::throw_invalid("determinism ", determinism);
+  }
+  if (math_type < CUDNN_DEFAULT_MATH || math_type > CUDNN_FMA_MATH) detail::throw_invalid("math type ", math_type);
+  candidate.algorithm = static_cast<typename Traits::Algorithm>(algorithm);
+  candidate.status = static_cast<cudnnStatus_t>(status);
+  candidate.determinism = static_cast<cudnnDeterminism_t>(determinism);
+  candidate.math_type = static_cast<cudnnMathType_t>(math_type);
+}
+
+template <class Archive, typename Traits>
+void save(Archive& archive, const Ranking<Traits>& ranking, std::uint32_t const /*version*/) {
+  archive(cereal::make_size_tag(static_cast<cereal::size_type>(ranking.size())));
+  for (const auto& candidate : ranking) archive(candidate);
+}
+
+// A loaded ranking must be exactly what Ranking::of would make of its candidates: ranked, without duplicates.
+template <class Archive, typename Traits>
+void load(Archive& archive, Ranking<Traits>& ranking, std::uint32_t const /*version*/) {
+  cereal::size_type size = 0;
+  archive(cereal::make_size_tag(size));
+  if (size < 1 || size > kMaxCandidates) detail::throw_invalid("ranking of ", size, " candidates");
+  std::array<Candidate<Traits>, kMaxCandidates> candidates{};
+  for (cereal::size_type i = 0; i < size; ++i) archive(candidates[i]);
+  ranking = Ranking<Traits>::of(candidates.begin(), candidates.begin() + size);
+  if (ranking.size() != size || !std::equal(ranking.begin(), ranking.end(), candidates.begin())) {
+    detail::throw_invalid("ranking is not in rank order or repeats a candidate");
+  }
+}
+
+}  // namespace cudnn_cache
+
+CEREAL_CLASS_VERSION(cudnn_cache::TensorKey, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::FilterKey, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::ConvolutionDescriptorKey, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::ConvolutionKey, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::DeviceIdentity, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Origin, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::ForwardTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::BackwardDataTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::BackwardFilterTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::ForwardTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardDataTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardFilterTraits>, 1)

@@ -1,0 +1,19 @@
+#pragma once
+
+// Synthetic cache content: valid, varied entries for tests, fuzz seeds and load benchmarks.
+
+#include <cstdint>
+
+#include "cudnn_cache/checkpoint.h"
+
+namespace cudnn_cache {
+
+// The origin synthetic entries are filed under: a made-up GPU no process runs on, and this cuDNN.
+Origin synthetic_origin();
+
+// Adds `entries` distinct, valid entries (1-D, 2-D and 3-D problems over every supported data type, layout,
+// stride, dilation and group count, spread over the three directions) to the store under `origin`.
+// The same seed gives the same entries.
+void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t entries, std::uint64_t seed = 1);
+
+}  // namespace cudnn_cache

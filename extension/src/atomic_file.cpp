@@ -1,0 +1,125 @@
+#include "cudnn_cache/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "cudnn_cache/error.h"
+
+namespace cudnn_cache {
+namespace {
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string name_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+[[noreturn]] void fail(const std::string& path, const char* step, int error_number) {
+  throw Error(detail::concat("cannot save '", path, "': ", step, ": ", std::strerror(error_number),
+                             "; the previous file, if any, is unchanged"));
+}
+
+// Owns the temporary file until it is renamed: closes and removes it on every early exit.
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(const std::string& target) : target_(target) {
+    std::string pattern = folder_of(target) + "/." + name_of(target) + ".tmp.XXXXXX";
+    std::vector<char> buffer(pattern.begin(), pattern.end());
+    buffer.push_back('\0');
+    fd_ = ::mkstemp(buffer.data());
+    if (fd_ < 0) fail(target, "cannot create a temporary file in its folder", errno);
+    path_ = buffer.data();
+  }
+  ~TemporaryFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+
+  void write_all(const std::string& bytes) {
+    const char* data = bytes.data();
+    std::size_t left = bytes.size();
+    while (left > 0) {
+      const ssize_t written = ::write(fd_, data, left);
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) fail(target_, "write failed", written < 0 ? errno : EIO);
+      data += written;
+      left -= static_cast<std::size_t>(written);
+    }
+  }
+
+  void set_mode(mode_t mode) {
+    if (::fchmod(fd_, mode) != 0) fail(target_, "cannot set permissions", errno);
+  }
+
+  // fsync, close and rename over the target; from here on the temporary file is the target.
+  void commit() {
+    if (::fsync(fd_) != 0) fail(target_, "fsync failed", errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail(target_, "close failed", errno);
+    if (::rename(path_.c_str(), target_.c_str()) != 0) fail(target_, "rename failed", errno);
+    path_.clear();
+  }
+
+ private:
+  std::string target_;
+  std::string path_;
+  int fd_ = -1;
+};
+
+void sync_folder(const std::string& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // the rename is done; durability of the folder entry is best effort
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; it is refused below as not a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
+  if (!S_ISREG(info.st_mode)) throw Error(detail::concat("cannot read '", path, "': not a regular file"));
+  std::string content;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
+    if (got == 0) return content;
+    content.append(buffer, static_cast<std::size_t>(got));
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  CUDNN_CACHE_REQUIRE(!path.empty() && path.back() != '/', "cannot save to '", path, "': give a file name");
+  struct stat existing {};
+  const mode_t mode = ::stat(path.c_str(), &existing) == 0 ? (existing.st_mode & 07777) : 0644;
+  TemporaryFile temporary(path);
+  temporary.write_all(bytes);
+  temporary.set_mode(mode);
+  temporary.commit();
+  sync_folder(folder_of(path));
+}
+
+}  // namespace cudnn_cache

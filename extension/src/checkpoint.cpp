@@ -1,0 +1,259 @@
+#include "cudnn_cache/checkpoint.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "cudnn_cache/atomic_file.h"
+#include "cudnn_cache/error.h"
+#include "cudnn_cache/serialization.h"
+
+// The layout of a cache file. Every field is little-endian, written through one cereal
+// PortableBinaryOutputArchive; the payload is a second archive's bytes, embedded as a blob.
+//
+//   offset  size  field
+//   +-----+-----+---------------------------------------------------------------+
+//   |   0 |   1 | cereal endianness flag: 1 (little-endian)                     |
+//   |   1 |   8 | magic "CDNNCACH"                                              |  header
+//   |   9 |   4 | format version (kFormatVersion)                               |
+//   |  13 |   4 | cuDNN version of the writer (e.g. 91900)                      |
+//   |  17 |   4 | CUDA runtime version of the writer (e.g. 13000)               |
+//   |  21 |   8 | payload size P in bytes                                       |
+//   +-----+-----+---------------------------------------------------------------+
+//   |  29 |   P | payload archive:                                              |
+//   |     |     |   u8  endianness flag                                         |
+//   |     |     |   u64 number of sections, then per section:                   |
+//   |     |     |     Origin  {DeviceIdentity {name, cc major, cc minor, SMs},  |
+//   |     |     |              cuDNN major, cuDNN minor}                        |
+//   |     |     |     3 x (u64 count, count x {ConvolutionKey, Ranking})        |
+//   |     |     |         key: its 47 i32 words; ranking: u64 n, n candidates   |
+//   |     |     |         for forward, backward_data, backward_filter           |
+//   |     |     |   (each class's u32 cereal version precedes its first use)    |
+//   +-----+-----+---------------------------------------------------------------+
+//   | 29+P|   8 | checksum of bytes [0, 29 + P)                                 |
+//   +-----+-----+---------------------------------------------------------------+
+//
+// Note [Checksum]
+// ~~~~~~~~~~~~~~~
+// The checksum is a 64-bit multiply/xor-shift hash taken 8 bytes at a time. Each step is a bijection of the
+// running state for a fixed input word, so two inputs that differ within a single 8-byte word always end in
+// different states: every flipped bit, and every corrupted byte, is detected, not just most of them. Wider
+// damage is caught with probability 1 - 2^-64. It is not a defence against deliberate forgery; the loader's
+// own checks (serialization.h) are what keep a forged file from doing harm.
+
+namespace cudnn_cache {
+namespace {
+
+// Reads bytes in place, so parsing a file does not copy it again.
+class MemoryStream : private std::streambuf, public std::istream {
+ public:
+  MemoryStream(const char* data, std::size_t size) : std::istream(static_cast<std::streambuf*>(this)) {
+    char* begin = const_cast<char*>(data);  // get area only: never written through
+    setg(begin, begin, begin + size);
+  }
+};
+
+constexpr std::size_t kHeaderBytes = 1 + kMagic.size() + 4 + 4 + 4 + 8;
+constexpr std::size_t kChecksumBytes = 8;
+
+std::uint64_t checksum(const char* data, std::size_t size) {
+  std::uint64_t state = 0xcbf29ce484222325ull ^ size;
+  auto step = [&](std::uint64_t word) {
+    state = (state ^ word) * 0x9e3779b97f4a7c15ull;
+    state ^= state >> 29;
+  };
+  std::size_t offset = 0;
+  for (; offset + 8 <= size; offset += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, data + offset, 8);
+    step(word);
+  }
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, data + offset, size - offset);
+  step(tail);
+  return state;
+}
+
+template <typename Traits>
+void write_entries(cereal::PortableBinaryOutputArchive& archive, const CheckpointSection& section) {
+  const auto& entries = section.entries<Traits>();
+  archive(cereal::make_size_tag(static_cast<cereal::size_type>(entries.size())));
+  for (const auto& [key, ranking] : entries) archive(key, ranking);
+}
+
+// Counts are not trusted: entries are appended as they parse, so a wrong count ends at the end of the bytes.
+template <typename Traits>
+void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section) {
+  cereal::size_type count = 0;
+  archive(cereal::make_size_tag(count));
+  auto& entries = section.entries<Traits>();
+  for (cereal::size_type i = 0; i < count; ++i) {
+    typename PerfCache<Traits>::Entry entry;
+    archive(entry.first, entry.second);
+    const char* direction = to_string(Traits::direction);
+    if (entry.first.direction != static_cast<std::int32_t>(Traits::direction)) {
+      detail::throw_invalid(direction, " entry ", i, " has a key of another direction");
+    }
+    if (const std::string problem = check_key(entry.first); !problem.empty()) {
+      detail::throw_invalid(direction, " entry ", i, ": ", problem);
+    }
+    if (!entries.empty() && !(entries.back().first < entry.first)) {
+      detail::throw_invalid(direction, " entry ", i, " is out of order or repeated");
+    }
+    entries.push_back(std::move(entry));
+  }
+}
+
+std::string serialize_payload(const Checkpoint& checkpoint) {
+  std::ostringstream bytes(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive archive(bytes);
+    archive(cereal::make_size_tag(static_cast<cereal::size_type>(checkpoint.sections.size())));
+    for (const CheckpointSection& section : checkpoint.sections) {
+      archive(section.origin);
+      for_each_direction([&](auto traits) { write_entries<decltype(traits)>(archive, section); });
+    }
+  }
+  return std::move(bytes).str();
+}
+
+std::vector<CheckpointSection> deserialize_payload(const char* payload, std::size_t size) {
+  MemoryStream bytes(payload, size);
+  cereal::PortableBinaryInputArchive archive(bytes);
+  cereal::size_type count = 0;
+  archive(cereal::make_size_tag(count));
+  std::vector<CheckpointSection> sections;
+  for (cereal::size_type i = 0; i < count; ++i) {
+    CheckpointSection section;
+    archive(section.origin);
+    if (!sections.empty() && !(sections.back().origin < section.origin)) {
+      detail::throw_invalid("section ", i, " is out of order or repeated");
+    }
+    for_each_direction([&](auto traits) { read_entries<decltype(traits)>(archive, section); });
+    sections.push_back(std::move(section));
+  }
+  if (bytes.peek() != std::char_traits<char>::eof()) detail::throw_invalid("bytes after the last section");
+  return sections;
+}
+
+template <typename... Args>
+[[noreturn]] void throw_file_error(const std::string& source, const Args&... reason) {
+  throw Error(detail::concat("'", source, "' ", reason...));
+}
+
+}  // namespace
+
+std::size_t Checkpoint::size() const {
+  std::size_t total = 0;
+  for (const auto& section : sections) total += section.size();
+  return total;
+}
+
+Checkpoint snapshot(const CacheStore& store) {
+  Checkpoint checkpoint;
+  checkpoint.header.cudnn_version = CudnnVersion::of_library().number();
+  checkpoint.header.cuda_runtime_version = cuda_runtime_version();
+  for (const auto& [origin, caches] : store.origins()) {
+    CheckpointSection section;
+    section.origin = origin;
+    for_each_direction([&, caches = caches](auto traits) {
+      using Traits = decltype(traits);
+      section.entries<Traits>() = caches->template get<Traits>().entries();
+    });
+    if (section.size() > 0) checkpoint.sections.push_back(std::move(section));
+  }
+  return checkpoint;
+}
+
+void merge_into(CacheStore& store, const Checkpoint& checkpoint) {
+  for (const CheckpointSection& section : checkpoint.sections) {
+    DirectionCaches& caches = store.caches(section.origin);
+    for_each_direction([&](auto traits) {
+      using Traits = decltype(traits);
+      for (const auto& [key, ranking] : section.entries<Traits>()) caches.get<Traits>().insert(key, ranking);
+    });
+  }
+}
+
+std::string serialize(const Checkpoint& checkpoint) {
+  const std::string payload = serialize_payload(checkpoint);
+  std::ostringstream bytes(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive archive(bytes);
+    archive(cereal::binary_data(kMagic.data(), kMagic.size()), checkpoint.header.format_version,
+            checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version,
+            static_cast<std::uint64_t>(payload.size()));
+    archive(cereal::binary_data(payload.data(), payload.size()));
+    const std::string framed = bytes.str();
+    archive(checksum(framed.data(), framed.size()));
+  }
+  return std::move(bytes).str();
+}
+
+Checkpoint deserialize(const std::string& bytes, const std::string& source) {
+  const std::string start = std::string(1, '\1') + std::string(kMagic.begin(), kMagic.end());
+  const std::size_t seen = std::min(bytes.size(), start.size());
+  if (bytes.compare(0, seen, start, 0, seen) != 0) {
+    throw_file_error(source, "is not a cudnn_cache file (wrong magic); check the path");
+  }
+  if (bytes.size() < kHeaderBytes) {
+    throw_file_error(source, "is truncated: ", bytes.size(), " bytes, shorter than the ", kHeaderBytes,
+                     "-byte header; restore it from a backup or run the warm start again");
+  }
+  Checkpoint checkpoint;
+  std::uint64_t payload_size = 0;
+  {
+    MemoryStream header(bytes.data(), kHeaderBytes);
+    cereal::PortableBinaryInputArchive archive(header);
+    std::array<char, kMagic.size()> magic{};
+    archive(cereal::binary_data(magic.data(), magic.size()), checkpoint.header.format_version,
+            checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version, payload_size);
+  }
+  const std::uint32_t version = checkpoint.header.format_version;
+  if (version > kFormatVersion) {
+    throw_file_error(source, "was written by a newer cudnn_cache (file format ", version, "; this build reads 1 to ",
+                     kFormatVersion, "); upgrade cudnn_cache to use it");
+  }
+  if (version == 0) throw_file_error(source, "is corrupt: file format version 0 does not exist");
+  const std::uint64_t after_header = bytes.size() - kHeaderBytes;
+  if (payload_size > after_header || after_header - payload_size < kChecksumBytes) {
+    throw_file_error(source, "is truncated: it has ", bytes.size(), " bytes but its header promises a ", payload_size,
+                     "-byte payload and a checksum after the ", kHeaderBytes,
+                     "-byte header; restore it from a backup or run the warm start again");
+  }
+  if (after_header - payload_size > kChecksumBytes) {
+    throw_file_error(source, "is corrupt: ", after_header - payload_size - kChecksumBytes,
+                     " unexpected bytes after the checksum; delete it and run the warm start again");
+  }
+  const std::size_t checked = kHeaderBytes + payload_size;
+  std::uint64_t stored = 0;  // little-endian, as the portable archive wrote it
+  for (std::size_t i = 0; i < kChecksumBytes; ++i) {
+    stored |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[checked + i])) << (8 * i);
+  }
+  if (stored != checksum(bytes.data(), checked)) {
+    throw_file_error(source, "is corrupt: checksum mismatch; delete it and run the warm start again");
+  }
+  try {
+    checkpoint.sections = deserialize_payload(bytes.data() + kHeaderBytes, payload_size);
+  } catch (const cereal::Exception& e) {
+    throw_file_error(source, "is corrupt: ", e.what(), "; delete it and run the warm start again");
+  }
+  return checkpoint;
+}
+
+Checkpoint read_checkpoint(const std::string& path) { return deserialize(read_file(path), path); }
+
+void save(const CacheStore& store, const std::string& path) { write_file_atomically(path, serialize(snapshot(store))); }
+
+LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& running) {
+  const Checkpoint checkpoint = read_checkpoint(path);
+  LoadReport report;
+  report.header = checkpoint.header;
+  for (const CheckpointSection& section : checkpoint.sections) {
+    report.entries += section.size();
+    if (!section.origin.same_cudnn(running)) report.other_cudnn_entries += section.size();
+  }
+  merge_into(store, checkpoint);
+  return report;
+}
+
+}  // namespace cudnn_cache

@@ -1,0 +1,38 @@
+#include "cudnn_cache/perf_cache.h"
+
+namespace cudnn_cache {
+namespace {
+
+template <std::size_t N>
+std::string lookup(const std::array<const char*, N>& names, int algorithm) {
+  if (algorithm >= 0 && static_cast<std::size_t>(algorithm) < N) return names[algorithm];
+  return "ALGO_" + std::to_string(algorithm);
+}
+
+// Indexed by cudnnConvolution*Algo_t value; the static_asserts keep them in step with cuDNN.
+constexpr std::array<const char*, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> kForwardNames = {
+    "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+constexpr std::array<const char*, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> kBackwardDataNames = {
+    "ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+constexpr std::array<const char*, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> kBackwardFilterNames = {
+    "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED == 7);
+static_assert(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED == 5);
+static_assert(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING == 6);
+
+}  // namespace
+
+std::string ForwardTraits::algorithm_name(int algorithm) { return lookup(kForwardNames, algorithm); }
+std::string BackwardDataTraits::algorithm_name(int algorithm) { return lookup(kBackwardDataNames, algorithm); }
+std::string BackwardFilterTraits::algorithm_name(int algorithm) { return lookup(kBackwardFilterNames, algorithm); }
+
+std::string algorithm_name(Direction direction, int algorithm) {
+  switch (direction) {
+    case Direction::forward: return ForwardTraits::algorithm_name(algorithm);
+    case Direction::backward_data: return BackwardDataTraits::algorithm_name(algorithm);
+    case Direction::backward_filter: return BackwardFilterTraits::algorithm_name(algorithm);
+  }
+  return "ALGO_" + std::to_string(algorithm);
+}
+
+}  // namespace cudnn_cache

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Runs the core micro-benchmarks (tests/bench/bench_core.cpp) and checks them against their targets.
+
+Writes the raw Google Benchmark JSON plus a summary to --json (default docs/bench_core.json) and prints a
+markdown table. With --check, exits 1 when a target is missed.
+"""
+
+import argparse
+import json
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# benchmark name -> (what it measures, target, unit)
+TARGETS = {
+    "key_from_values": ("key from plain values", 200.0, "ns"),
+    "key_from_descriptors": ("key decoded from descriptors", None, "ns"),
+    "cache_find_hit": ("cache find, hit (10k entries)", 100.0, "ns"),
+    "cache_find_miss": ("cache find, miss (10k entries)", 100.0, "ns"),
+    "save_10k": ("save of 10k entries", None, "ms"),
+    "load_10k": ("load of 10k entries", 20.0, "ms"),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--build-dir", default=str(ROOT / "build"))
+    parser.add_argument("--json", default=str(ROOT / "docs" / "bench_core.json"))
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args()
+
+    binary = pathlib.Path(args.build_dir) / "tests" / "cudnn_cache_bench"
+    if not binary.exists():
+        sys.exit(f"{binary} is missing: build with scripts/build.sh (needs Debian's libbenchmark-dev)")
+    raw = subprocess.run(
+        [str(binary), "--benchmark_format=json", f"--benchmark_repetitions={args.repetitions}",
+         "--benchmark_report_aggregates_only=true"],
+        check=True, capture_output=True, text=True).stdout
+    report = json.loads(raw)
+
+    rows, missed = [], []
+    for name, (label, target, unit) in TARGETS.items():
+        median = next(b for b in report["benchmarks"] if b["run_name"] == name and b["aggregate_name"] == "median")
+        assert median["time_unit"] == unit, (name, median["time_unit"])
+        value = median["real_time"]
+        verdict = "-" if target is None else ("met" if value <= target else "MISSED")
+        if verdict == "MISSED":
+            missed.append(name)
+        rows.append({"benchmark": name, "what": label, "median": value, "unit": unit, "target": target,
+                     "verdict": verdict})
+
+    summary = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpu": report["context"].get("num_cpus"),
+               "rows": rows, "google_benchmark": report}
+    out = pathlib.Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+
+    print("| benchmark | median | target | verdict |")
+    print("|---|---|---|---|")
+    for row in rows:
+        target = "-" if row["target"] is None else f"<= {row['target']:g} {row['unit']}"
+        print(f"| {row['what']} | {row['median']:.1f} {row['unit']} | {target} | {row['verdict']} |")
+    print(f"\nJSON: {out}")
+    return 1 if (args.check and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything building and testing cudnn_cache needs on a fresh Debian machine with the CUDA toolkit:
+# Debian's cereal, Catch2, Google Benchmark, CMake and Ninja; from PyPI, PyTorch 2.11.0 (which brings the cuDNN
+# the project builds against), the matching torchvision (for the warm start's model names), pytest, numpy and
+# tqdm. Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+debian_packages=(libcereal-dev catch2 libbenchmark-dev cmake ninja-build g++)
+missing=()
+for package in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm"

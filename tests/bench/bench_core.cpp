@@ -1,0 +1,103 @@
+// Micro-benchmarks of the core's hot paths. scripts/bench_core.py runs them and checks the targets.
+
+#include <benchmark/benchmark.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cudnn_cache/checkpoint.h"
+#include "cudnn_cache/descriptors.h"
+#include "cudnn_cache/synthetic.h"
+
+namespace {
+
+using namespace cudnn_cache;
+
+// A ResNet-50 3x3 convolution, bf16 channels-last: what an op keys on every call.
+ConvolutionKey resnet_key() {
+  return make_convolution_key(
+      Direction::forward, make_tensor_key(CUDNN_DATA_BFLOAT16, {64, 128, 28, 28}, Layout::nhwc),
+      make_filter_key(CUDNN_DATA_BFLOAT16, {128, 128, 3, 3}, Layout::nhwc),
+      make_tensor_key(CUDNN_DATA_BFLOAT16, {64, 128, 28, 28}, Layout::nhwc),
+      make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT,
+                                      CUDNN_TENSOR_OP_MATH));
+}
+
+void key_from_values(benchmark::State& state) {
+  // Sizes and strides arrive as the op sees them: 64-bit, from the tensors.
+  const std::vector<std::int64_t> sizes{64, 128, 28, 28}, strides{100352, 1, 3584, 128};
+  const std::vector<std::int64_t> weight{128, 128, 3, 3}, one{1, 1};
+  for (auto _ : state) {
+    const ConvolutionKey key = make_convolution_key(
+        Direction::forward, make_tensor_key(CUDNN_DATA_BFLOAT16, sizes, strides, "input"),
+        make_filter_key(CUDNN_DATA_BFLOAT16, weight, Layout::nhwc),
+        make_tensor_key(CUDNN_DATA_BFLOAT16, sizes, strides, "output"),
+        make_convolution_descriptor_key(one, one, one, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT,
+                                        CUDNN_TENSOR_OP_MATH));
+    benchmark::DoNotOptimize(key);
+  }
+}
+BENCHMARK(key_from_values);
+
+void key_from_descriptors(benchmark::State& state) {
+  const ConvolutionDescriptors descriptors(resnet_key());
+  for (auto _ : state) benchmark::DoNotOptimize(decode_convolution_key(Direction::forward, descriptors));
+}
+BENCHMARK(key_from_descriptors);
+
+// A forward cache of 10k entries, plus the key looked up.
+struct FilledCache {
+  CacheStore store;
+  const PerfCache<ForwardTraits>* forward = nullptr;
+  ConvolutionKey hit;
+  FilledCache() {
+    add_synthetic_entries(store, synthetic_origin(), 10000);
+    forward = &store.caches(synthetic_origin()).forward;
+    hit = forward->entries()[forward->size() / 2].first;
+  }
+};
+
+void cache_find_hit(benchmark::State& state) {
+  static const FilledCache filled;
+  for (auto _ : state) benchmark::DoNotOptimize(filled.forward->find(filled.hit));
+}
+BENCHMARK(cache_find_hit);
+
+void cache_find_miss(benchmark::State& state) {
+  static const FilledCache filled;
+  const ConvolutionKey miss = resnet_key();
+  for (auto _ : state) benchmark::DoNotOptimize(filled.forward->find(miss));
+}
+BENCHMARK(cache_find_miss);
+
+std::string temporary_path() {
+  const char* folder = std::getenv("TMPDIR");
+  return std::string(folder ? folder : "/tmp") + "/cudnn_cache_bench_" + std::to_string(::getpid()) + ".bin";
+}
+
+void save_10k(benchmark::State& state) {
+  static const FilledCache filled;
+  const std::string path = temporary_path();
+  for (auto _ : state) save(filled.store, path);
+  std::remove(path.c_str());
+}
+BENCHMARK(save_10k)->Unit(benchmark::kMillisecond);
+
+void load_10k(benchmark::State& state) {
+  static const FilledCache filled;
+  const std::string path = temporary_path();
+  save(filled.store, path);
+  for (auto _ : state) {
+    CacheStore store;
+    benchmark::DoNotOptimize(load(store, path).entries);
+  }
+  std::remove(path.c_str());
+}
+BENCHMARK(load_10k)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,99 @@
+// Whole-file reads and atomic whole-file writes (Note [Atomic save] in atomic_file.h).
+
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+
+#include "cache_fixtures.h"
+#include "cudnn_cache/atomic_file.h"
+
+using namespace cudnn_cache;
+using Catch::Matchers::Contains;
+using cudnn_cache::testing::error_of;
+using cudnn_cache::testing::TemporaryFolder;
+
+namespace {
+
+mode_t permissions(const std::string& path) {
+  struct stat info {};
+  REQUIRE(::stat(path.c_str(), &info) == 0);
+  return info.st_mode & 07777;
+}
+
+// Every byte value, NULs and newlines included, a few times over.
+std::string every_byte(std::size_t repeats) {
+  std::string bytes;
+  for (std::size_t r = 0; r < repeats; ++r) {
+    for (int b = 0; b < 256; ++b) bytes.push_back(static_cast<char>(b));
+  }
+  return bytes;
+}
+
+// Sets the process umask for the scope of the object.
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : previous_(::umask(mask)) {}
+  ~ScopedUmask() { ::umask(previous_); }
+  ScopedUmask(const ScopedUmask&) = delete;
+  ScopedUmask& operator=(const ScopedUmask&) = delete;
+
+ private:
+  mode_t previous_;
+};
+
+}  // namespace
+
+TEST_CASE("write_file_atomically then read_file gives back the bytes", "[atomic_file]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("data.bin");
+  // Larger than read_file's 64 KiB buffer, so several reads are needed.
+  for (const std::string& bytes : {std::string(), std::string("x"), every_byte(1), every_byte(1000)}) {
+    CAPTURE(bytes.size());
+    write_file_atomically(path, bytes);
+    CHECK(read_file(path) == bytes);
+  }
+  CHECK(folder.listing() == std::vector<std::string>{"data.bin"});  // no temporary file left behind
+}
+
+TEST_CASE("replacing a file keeps its permission bits", "[atomic_file]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("data.bin");
+  write_file_atomically(path, "old");
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  write_file_atomically(path, "new");
+  CHECK(permissions(path) == 0600);
+  CHECK(read_file(path) == "new");
+}
+
+TEST_CASE("a new file gets 0644 whatever the umask", "[atomic_file]") {
+  TemporaryFolder folder;
+  const mode_t mask = GENERATE(mode_t{022}, mode_t{077}, mode_t{0});
+  CAPTURE(mask);
+  const ScopedUmask scoped(mask);
+  const std::string path = folder.file("new.bin");
+  write_file_atomically(path, "content");
+  CHECK(permissions(path) == 0644);
+}
+
+TEST_CASE("read_file names the path it cannot read", "[atomic_file]") {
+  TemporaryFolder folder;
+  const std::string missing = folder.file("missing.bin");
+  CHECK_THAT(error_of([&] { read_file(missing); }), Contains("cannot read '" + missing + "'"));
+  CHECK_THAT(error_of([&] { read_file(folder.path()); }),
+             Contains("cannot read '" + folder.path() + "'") && Contains("not a regular file"));
+}
+
+TEST_CASE("write_file_atomically refuses a path without a file name", "[atomic_file]") {
+  TemporaryFolder folder;
+  CHECK_THAT(error_of([&] { write_file_atomically(folder.path() + "/", "x"); }), Contains("give a file name"));
+  CHECK_THAT(error_of([] { write_file_atomically("", "x"); }), Contains("give a file name"));
+  CHECK(folder.listing().empty());
+}
+
+TEST_CASE("write_file_atomically into a missing folder names the path and changes nothing", "[atomic_file]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("missing/data.bin");
+  CHECK_THAT(error_of([&] { write_file_atomically(path, "x"); }),
+             Contains("cannot save '" + path + "'") && Contains("unchanged"));
+  CHECK(folder.listing().empty());
+}

@@ -1,0 +1,413 @@
+// Cache files: round trips, load reports, merging loads, the header, and rejection of every kind of damage
+// with the store left as it was (checkpoint.h, Note [Atomic save] in atomic_file.h).
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "cache_fixtures.h"
+#include "cudnn_cache/atomic_file.h"
+#include "cudnn_cache/checkpoint.h"
+#include "cudnn_cache/synthetic.h"
+
+using namespace cudnn_cache;
+using Catch::Matchers::Contains;
+using cudnn_cache::testing::candidate;
+using cudnn_cache::testing::conv_key;
+using cudnn_cache::testing::difference;
+using cudnn_cache::testing::error_of;
+using cudnn_cache::testing::failure;
+using cudnn_cache::testing::TemporaryFolder;
+
+namespace {
+
+using Fwd = ForwardTraits;
+using BwdData = BackwardDataTraits;
+using BwdFilter = BackwardFilterTraits;
+
+constexpr std::size_t kVersionOffset = 9;  // after the endianness flag and the magic
+
+const CudnnVersion kRunning{9, 19, 0};
+
+Origin running_origin() { return Origin::of(DeviceIdentity{"Test GPU", 9, 0, 132}, kRunning); }
+// Another device, measured with another cuDNN minor.
+Origin other_cudnn_origin() {
+  return Origin::of(DeviceIdentity{"Older GPU", 8, 0, 108}, CudnnVersion{kRunning.major, kRunning.minor + 1, 0});
+}
+
+// A few entries synthetic ones would not make: failures, math types, channels-last, several directions.
+void add_handcrafted_entries(CacheStore& store, const Origin& origin) {
+  DirectionCaches& caches = store.caches(origin);
+  caches.forward.insert(
+      conv_key(Direction::forward, 3, 5, Layout::nhwc, CUDNN_DATA_HALF),
+      Ranking<Fwd>::of({candidate<Fwd>(1, 0.125f, 1u << 20, CUDNN_STATUS_SUCCESS, CUDNN_TENSOR_OP_MATH),
+                        candidate<Fwd>(6, 0.5f), failure<Fwd>(4)}));
+  caches.backward_data.insert(conv_key(Direction::backward_data, 2, 4, Layout::nchw, CUDNN_DATA_DOUBLE),
+                              Ranking<BwdData>::of({failure<BwdData>(0), failure<BwdData>(1, CUDNN_FMA_MATH)}));
+  caches.backward_filter.insert(conv_key(Direction::backward_filter, 1, 16),
+                                Ranking<BwdFilter>::of({candidate<BwdFilter>(3, 7.5f, std::uint64_t{1} << 40)}));
+}
+
+// Two origins, one of them measured with another cuDNN minor; synthetic entries plus handcrafted ones.
+void fill(CacheStore& store, std::size_t synthetic_entries, std::uint64_t seed = 1) {
+  add_synthetic_entries(store, running_origin(), synthetic_entries, seed);
+  add_synthetic_entries(store, other_cudnn_origin(), synthetic_entries / 2, seed + 1);
+  add_handcrafted_entries(store, running_origin());
+  add_handcrafted_entries(store, other_cudnn_origin());
+}
+
+std::size_t entries_of(const CacheStore& store, const Origin& origin) {
+  const DirectionCaches* caches = store.find(origin);
+  return caches ? caches->size() : 0;
+}
+
+// A plain, non-atomic write, for damaged files (no fsync: these tests write thousands of them).
+void write_plain(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+void put_u32(std::string& bytes, std::size_t offset, std::uint32_t value) {
+  for (int i = 0; i < 4; ++i) bytes[offset + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+std::uint32_t get_u32(const std::string& bytes, std::size_t offset) {
+  std::uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= std::uint32_t{static_cast<unsigned char>(bytes[offset + i])} << (8 * i);
+  return value;
+}
+
+// Checks damaged bytes the way a user meets them: deserialize must reject them with an Error naming the source
+// and saying one of `reasons`, and load() of them as a file must throw and leave a pre-filled store unchanged.
+// The store is filled with other entries than the file's, so a load that wrongly succeeded would change it.
+class RejectionChecker {
+ public:
+  RejectionChecker() {
+    fill(store_, 10, /*seed=*/99);
+    before_ = snapshot(store_);
+    origins_before_ = store_.origins().size();
+  }
+
+  void check(const std::string& bytes, const std::vector<std::string>& reasons) {
+    const std::string message = error_of([&] { deserialize(bytes, "damaged.bin"); });
+    INFO("deserialize said: " << message);
+    CHECK_THAT(message, Contains("'damaged.bin'"));
+    CHECK(says_one_of(message, reasons));
+
+    const std::string path = folder_.file("damaged.bin");
+    write_plain(path, bytes);
+    const std::string load_message = error_of([&] { load(store_, path, kRunning); });
+    INFO("load said: " << load_message);
+    CHECK_THAT(load_message, Contains(path));
+    CHECK(difference(before_, snapshot(store_)) == "");
+    CHECK(store_.origins().size() == origins_before_);  // not even an empty origin was added
+  }
+
+ private:
+  static bool says_one_of(const std::string& message, const std::vector<std::string>& reasons) {
+    return std::any_of(reasons.begin(), reasons.end(),
+                       [&](const std::string& reason) { return message.find(reason) != std::string::npos; });
+  }
+
+  TemporaryFolder folder_;
+  CacheStore store_;
+  Checkpoint before_;
+  std::size_t origins_before_ = 0;
+};
+
+// The bytes of a small valid file.
+std::string small_file_bytes() {
+  CacheStore store;
+  add_synthetic_entries(store, running_origin(), 20);
+  return serialize(snapshot(store));
+}
+
+}  // namespace
+
+// --- Round trips ---------------------------------------------------------------------------------------------
+
+TEST_CASE("save then load gives back every entry of every origin", "[checkpoint]") {
+  TemporaryFolder folder;
+  CacheStore original;
+  fill(original, 300);
+  const std::string path = folder.file("cache.bin");
+  save(original, path);
+
+  CacheStore loaded;
+  const LoadReport report = load(loaded, path, kRunning);
+  const Checkpoint expected = snapshot(original);
+  REQUIRE(expected.sections.size() == 2);
+  CHECK(difference(expected, snapshot(loaded)) == "");
+  CHECK(report.entries == original.size());
+  CHECK(report.header.format_version == kFormatVersion);
+  CHECK(report.header.cudnn_version == CudnnVersion::of_library().number());
+  CHECK(report.header.cuda_runtime_version == cuda_runtime_version());
+
+  SECTION("entries of another cuDNN are counted, kept, and saved again") {
+    const std::size_t other = entries_of(original, other_cudnn_origin());
+    REQUIRE(other > 0);
+    CHECK(report.other_cudnn_entries == other);
+    CHECK(entries_of(loaded, other_cudnn_origin()) == other);
+
+    const std::string again = folder.file("again.bin");
+    save(loaded, again);
+    CHECK(difference(expected, read_checkpoint(again)) == "");
+  }
+  SECTION("the report counts against the cuDNN it is given") {
+    CacheStore store;
+    const CudnnVersion other_release{kRunning.major, kRunning.minor + 1, 3};
+    CHECK(load(store, path, other_release).other_cudnn_entries == entries_of(original, running_origin()));
+  }
+}
+
+TEST_CASE("a store round-trips through serialize and deserialize without a file", "[checkpoint]") {
+  CacheStore store;
+  fill(store, 50);
+  const Checkpoint expected = snapshot(store);
+  const Checkpoint parsed = deserialize(serialize(expected), "memory");
+  CHECK(difference(expected, parsed) == "");
+  CHECK(parsed.size() == store.size());
+}
+
+TEST_CASE("loading into a non-empty store merges by the merge rule", "[checkpoint]") {
+  TemporaryFolder folder;
+  const Origin origin = running_origin();
+  const ConvolutionKey shared = conv_key(Direction::forward, 1);
+  const ConvolutionKey only_in_store = conv_key(Direction::forward, 2);
+  const ConvolutionKey only_in_file = conv_key(Direction::forward, 3);
+  const auto in_store = Ranking<Fwd>::of({candidate<Fwd>(1, 5.0f), candidate<Fwd>(2, 0.5f), failure<Fwd>(3)});
+  const auto in_file =
+      Ranking<Fwd>::of({candidate<Fwd>(1, 1.0f), candidate<Fwd>(3, 2.0f), candidate<Fwd>(2, 0.5f, 64)});
+
+  CacheStore writer;
+  writer.caches(origin).forward.insert(shared, in_file);
+  writer.caches(origin).forward.insert(only_in_file, in_file);
+  save(writer, folder.file("cache.bin"));
+
+  CacheStore store;
+  store.caches(origin).forward.insert(shared, in_store);
+  store.caches(origin).forward.insert(only_in_store, in_store);
+  load(store, folder.file("cache.bin"), kRunning);
+
+  const PerfCache<Fwd>& cache = store.caches(origin).forward;
+  CHECK(cache.size() == 3);
+  CHECK(cache.find(only_in_store) == in_store);
+  CHECK(cache.find(only_in_file) == in_file);
+  const auto merged = cache.find(shared);
+  REQUIRE(merged.has_value());
+  INFO(testing::to_text(*merged));
+  CHECK(*merged == merge(in_store, in_file));
+  // Algorithm 2 ties on time: the store's smaller workspace wins; 1 takes the file's faster time; 3 succeeded.
+  CHECK(*merged == Ranking<Fwd>::of({candidate<Fwd>(2, 0.5f), candidate<Fwd>(1, 1.0f), candidate<Fwd>(3, 2.0f)}));
+}
+
+// --- Header --------------------------------------------------------------------------------------------------
+
+TEST_CASE("the header starts with the magic and carries the versions", "[checkpoint]") {
+  Checkpoint checkpoint;
+  checkpoint.header.cudnn_version = 81204;
+  checkpoint.header.cuda_runtime_version = 12080;
+  const std::string bytes = serialize(checkpoint);
+  REQUIRE(bytes.size() > kVersionOffset + 4);
+  CHECK(bytes[0] == '\x01');
+  CHECK(bytes.substr(1, kMagic.size()) == "CDNNCACH");
+  CHECK(get_u32(bytes, kVersionOffset) == kFormatVersion);
+
+  const Checkpoint parsed = deserialize(bytes, "memory");
+  CHECK(parsed.header.format_version == kFormatVersion);
+  CHECK(parsed.header.cudnn_version == 81204);
+  CHECK(parsed.header.cuda_runtime_version == 12080);
+  CHECK(parsed.sections.empty());
+
+  const Checkpoint stamped = snapshot(CacheStore());
+  CHECK(stamped.header.cudnn_version == CudnnVersion::of_library().number());
+  CHECK(stamped.header.cuda_runtime_version == cuda_runtime_version());
+}
+
+// --- Damaged files -------------------------------------------------------------------------------------------
+
+TEST_CASE("every truncation of a file is rejected and loads nothing", "[checkpoint]") {
+  const std::string bytes = small_file_bytes();
+  RejectionChecker checker;
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    CAPTURE(n, bytes.size());
+    checker.check(bytes.substr(0, n), {"truncated", "corrupt"});
+  }
+}
+
+TEST_CASE("1000 random single-bit flips are each rejected and load nothing", "[checkpoint]") {
+  const std::string bytes = small_file_bytes();
+  RejectionChecker checker;
+  std::mt19937 random(20240601);
+  std::uniform_int_distribution<std::size_t> byte(0, bytes.size() - 1);
+  std::uniform_int_distribution<int> bit(0, 7);
+  for (int flip = 0; flip < 1000; ++flip) {
+    std::string damaged = bytes;
+    const std::size_t offset = byte(random);
+    const int mask = 1 << bit(random);
+    damaged[offset] = static_cast<char>(damaged[offset] ^ mask);
+    CAPTURE(flip, offset, mask);
+    checker.check(damaged, {"truncated", "corrupt", "wrong magic", "newer"});
+  }
+}
+
+TEST_CASE("a file with the wrong magic is rejected", "[checkpoint]") {
+  RejectionChecker checker;
+  std::string bytes = small_file_bytes();
+  SECTION("another magic") { bytes[3] = 'X'; }
+  SECTION("a big-endian flag") { bytes[0] = '\0'; }
+  SECTION("not a cache file at all") { bytes = "# some text file\n"; }
+  checker.check(bytes, {"not a cudnn_cache file (wrong magic)"});
+}
+
+TEST_CASE("a file of a newer format is rejected before its checksum is checked", "[checkpoint]") {
+  std::string bytes = small_file_bytes();
+  put_u32(bytes, kVersionOffset, kFormatVersion + 1);
+  RejectionChecker checker;
+  checker.check(bytes, {"newer"});
+  CHECK_THAT(error_of([&] { deserialize(bytes, "x"); }), Contains("file format " + std::to_string(kFormatVersion + 1)));
+}
+
+TEST_CASE("a file of format version 0 is rejected", "[checkpoint]") {
+  std::string bytes = small_file_bytes();
+  put_u32(bytes, kVersionOffset, 0);
+  RejectionChecker().check(bytes, {"corrupt"});
+}
+
+TEST_CASE("bytes after the checksum are rejected", "[checkpoint]") {
+  RejectionChecker().check(small_file_bytes() + "garbage", {"corrupt: 7 unexpected bytes"});
+}
+
+TEST_CASE("loading a missing file names it", "[checkpoint]") {
+  TemporaryFolder folder;
+  CacheStore store;
+  const std::string path = folder.file("missing.bin");
+  CHECK_THAT(error_of([&] { load(store, path, kRunning); }), Contains(path));
+  CHECK(store.origins().empty());
+}
+
+// The checksum only proves the bytes are as written; what they say must still be checked.
+TEST_CASE("a file with a valid checksum but an invalid entry is rejected", "[checkpoint]") {
+  CacheStore store;
+  add_synthetic_entries(store, running_origin(), 5);
+  add_synthetic_entries(store, other_cudnn_origin(), 5);
+  Checkpoint checkpoint = snapshot(store);
+  REQUIRE(checkpoint.sections.size() == 2);
+  CheckpointSection& section = checkpoint.sections[0];
+  const ConvolutionKey key = conv_key(Direction::forward);
+  const auto ranking = Ranking<Fwd>::of({candidate<Fwd>(0, 1.0f)});
+  section.forward.assign(2, {key, ranking});
+  std::string reason;
+
+  SECTION("a key of rank 9") {
+    section.forward.resize(1);
+    section.forward[0].first.input.nb_dims = 9;
+    reason = "rank 9";
+  }
+  SECTION("a key that check_key refuses") {
+    section.forward.resize(1);
+    section.forward[0].first.convolution.padding[0] = 5;  // the output size no longer matches
+    reason = "does not match";
+  }
+  SECTION("a key of another direction") {
+    section.forward.resize(1);
+    section.forward[0].first.direction = static_cast<std::int32_t>(Direction::backward_data);
+    reason = "another direction";
+  }
+  SECTION("a repeated key") { reason = "out of order or repeated"; }
+  SECTION("sections out of order") {
+    std::swap(checkpoint.sections[0], checkpoint.sections[1]);
+    reason = "section 1 is out of order";
+  }
+  CAPTURE(reason);
+  RejectionChecker().check(serialize(checkpoint), {"corrupt"});
+  CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") && Contains(reason));
+}
+
+// cudnnFind*AlgorithmEx reports a time of -1 for the algorithms that failed (NOT_SUPPORTED, ALLOC_FAILED...);
+// Runtime::search caches its ranking, failures included (Candidate::from_perf stores their time as 0). Such a
+// cache must load again.
+TEST_CASE("a ranking as cuDNN reports it, failures with time -1 included, survives save and load",
+          "[checkpoint]") {
+  TemporaryFolder folder;
+  cudnnConvolutionFwdAlgoPerf_t perfs[2]{};
+  perfs[0] = {
+      CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_STATUS_SUCCESS, 0.5f, 0, CUDNN_DETERMINISTIC, CUDNN_DEFAULT_MATH, {}};
+  perfs[1] = {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED, -1.0f, 0,
+              CUDNN_NON_DETERMINISTIC,        CUDNN_DEFAULT_MATH,         {}};
+  CacheStore store;
+  store.caches(running_origin()).forward.insert(conv_key(Direction::forward), Ranking<Fwd>::of_perfs(perfs, 2));
+  const std::string path = folder.file("cache.bin");
+  save(store, path);
+  CacheStore loaded;
+  CHECK_NOTHROW(load(loaded, path, kRunning));
+  CHECK(difference(snapshot(store), snapshot(loaded)) == "");
+}
+
+// --- Saving --------------------------------------------------------------------------------------------------
+
+TEST_CASE("a save that fails midway leaves the old file", "[checkpoint]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  CacheStore old_store;
+  fill(old_store, 20);
+  save(old_store, path);
+  CacheStore big_store;
+  add_synthetic_entries(big_store, running_origin(), 5000);
+  REQUIRE(serialize(snapshot(big_store)).size() > 4096 * 4);
+
+  constexpr int kThrewUnchanged = 42, kThrewOther = 43, kSucceeded = 44, kOtherException = 45;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // no Catch2 in here: only async-safe-ish work and _exit
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    int code = kSucceeded;
+    try {
+      save(big_store, path);
+    } catch (const Error& e) {
+      code = std::strstr(e.what(), "unchanged") ? kThrewUnchanged : kThrewOther;
+    } catch (...) {
+      code = kOtherException;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == kThrewUnchanged);
+
+  CHECK(difference(snapshot(old_store), read_checkpoint(path)) == "");
+  CHECK(folder.listing() == std::vector<std::string>{"cache.bin"});  // no ".cache.bin.tmp.*" left
+}
+
+TEST_CASE("saving into a missing folder names the path and keeps the previous file", "[checkpoint]") {
+  TemporaryFolder folder;
+  CacheStore store;
+  fill(store, 5);
+  const std::string path = folder.file("no/such/folder/cache.bin");
+  CHECK_THAT(error_of([&] { save(store, path); }),
+             Contains(path) && Contains("the previous file, if any, is unchanged"));
+  CHECK(folder.listing().empty());
+}
+
+TEST_CASE("saving over an existing file replaces it", "[checkpoint]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  CacheStore first, second;
+  fill(first, 10, 1);
+  fill(second, 10, 2);
+  save(first, path);
+  save(second, path);
+  CHECK(difference(snapshot(second), read_checkpoint(path)) == "");
+  CHECK(folder.listing() == std::vector<std::string>{"cache.bin"});
+}

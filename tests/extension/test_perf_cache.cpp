@@ -1,0 +1,395 @@
+// Rankings, the merge rule, the thread-safe perf cache and the per-origin cache store
+// (Note [Selection, merge and fallback policy] in perf_cache.h).
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "cache_fixtures.h"
+#include "cudnn_cache/cache_store.h"
+#include "cudnn_cache/device.h"
+#include "cudnn_cache/perf_cache.h"
+
+using namespace cudnn_cache;
+using Catch::Matchers::Contains;
+using cudnn_cache::testing::candidate;
+using cudnn_cache::testing::conv_key;
+using cudnn_cache::testing::error_of;
+using cudnn_cache::testing::failure;
+using cudnn_cache::testing::to_text;
+
+namespace {
+
+using Fwd = ForwardTraits;
+using FwdRanking = Ranking<Fwd>;
+
+Candidate<Fwd> ok(int algorithm, float time_ms, std::uint64_t workspace_bytes = 0,
+                  cudnnMathType_t math_type = CUDNN_DEFAULT_MATH) {
+  return candidate<Fwd>(algorithm, time_ms, workspace_bytes, CUDNN_STATUS_SUCCESS, math_type);
+}
+
+Candidate<Fwd> failed(int algorithm, cudnnMathType_t math_type = CUDNN_DEFAULT_MATH) {
+  return failure<Fwd>(algorithm, math_type);
+}
+
+// The algorithms of a ranking, best first.
+template <typename Traits>
+std::vector<int> algorithms(const Ranking<Traits>& ranking) {
+  std::vector<int> result;
+  for (const auto& c : ranking) result.push_back(c.algorithm);
+  return result;
+}
+
+// merge() must not depend on the order of its arguments.
+FwdRanking merged(const FwdRanking& a, const FwdRanking& b) {
+  const FwdRanking ab = merge(a, b);
+  INFO("merge(a, b) = " << to_text(ab) << ", merge(b, a) = " << to_text(merge(b, a)));
+  CHECK(ab == merge(b, a));
+  return ab;
+}
+
+Origin origin(const std::string& gpu, std::int32_t cudnn_minor = 19) {
+  return Origin{DeviceIdentity{gpu, 9, 0, 132}, 9, cudnn_minor};
+}
+
+}  // namespace
+
+// --- Ranking -------------------------------------------------------------------------------------------------
+
+TEST_CASE("Ranking puts successes first, faster first, then smaller workspace", "[perf_cache]") {
+  const auto ranking = FwdRanking::of({failed(0), ok(1, 2.0f, 0), ok(2, 1.0f, 4096), failed(4), ok(3, 1.0f, 1024)});
+  INFO(to_text(ranking));
+  CHECK(algorithms(ranking) == std::vector<int>{3, 2, 1, 0, 4});
+  CHECK(ranking.front().algorithm == 3);
+  CHECK_FALSE(ranking[3].succeeded());
+  CHECK_FALSE(ranking[4].succeeded());
+}
+
+TEST_CASE("Ranking is the same whatever order the candidates come in", "[perf_cache]") {
+  std::vector<Candidate<Fwd>> candidates{ok(0, 3.0f), ok(1, 1.0f, 8), ok(2, 1.0f, 2), failed(3), ok(4, 0.5f)};
+  const auto expected = FwdRanking::of(candidates.begin(), candidates.end());
+  std::sort(candidates.begin(), candidates.end(),
+            [](const auto& a, const auto& b) { return a.algorithm < b.algorithm; });
+  do {
+    CHECK(FwdRanking::of(candidates.begin(), candidates.end()) == expected);
+  } while (std::next_permutation(candidates.begin(), candidates.end(),
+                                 [](const auto& a, const auto& b) { return a.algorithm < b.algorithm; }));
+}
+
+TEST_CASE("Ranking keeps the better of duplicate (algorithm, math type) pairs", "[perf_cache]") {
+  SECTION("the faster time") {
+    const auto ranking = FwdRanking::of({ok(1, 3.0f), ok(1, 1.0f), ok(1, 2.0f)});
+    REQUIRE(ranking.size() == 1);
+    CHECK(ranking.front().time_ms == 1.0f);
+  }
+  SECTION("the smaller workspace on equal times") {
+    const auto ranking = FwdRanking::of({ok(1, 1.0f, 512), ok(1, 1.0f, 64), ok(1, 1.0f, 128)});
+    REQUIRE(ranking.size() == 1);
+    CHECK(ranking.front().workspace_bytes == 64);
+  }
+  SECTION("a success over a failure") {
+    const auto ranking = FwdRanking::of({failed(1), ok(1, 9.0f)});
+    REQUIRE(ranking.size() == 1);
+    CHECK(ranking.front().succeeded());
+  }
+  SECTION("but another math type is another candidate") {
+    const auto ranking = FwdRanking::of({ok(1, 2.0f, 0, CUDNN_TENSOR_OP_MATH), ok(1, 1.0f), ok(1, 3.0f)});
+    INFO(to_text(ranking));
+    REQUIRE(ranking.size() == 2);
+    CHECK(ranking[0].math_type == CUDNN_DEFAULT_MATH);
+    CHECK(ranking[0].time_ms == 1.0f);
+    CHECK(ranking[1].math_type == CUDNN_TENSOR_OP_MATH);
+  }
+}
+
+TEST_CASE("Ranking keeps at most kMaxCandidates, the best ones", "[perf_cache]") {
+  std::vector<Candidate<Fwd>> candidates;
+  for (int algorithm = 0; algorithm < Fwd::algorithm_count; ++algorithm) {
+    for (const auto math : {CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH, CUDNN_FMA_MATH}) {
+      const float time = static_cast<float>(candidates.size() * 7 % 24) + 1.0f;  // 24 distinct times
+      candidates.push_back(ok(algorithm, time, 0, math));
+    }
+  }
+  const auto ranking = FwdRanking::of(candidates.begin(), candidates.end());
+  INFO(to_text(ranking));
+  REQUIRE(ranking.size() == kMaxCandidates);
+  for (std::size_t i = 0; i < ranking.size(); ++i) CHECK(ranking[i].time_ms == static_cast<float>(i + 1));
+}
+
+TEST_CASE("Ranking::of_perfs ranks what cudnnFind*AlgorithmEx returns", "[perf_cache]") {
+  cudnnConvolutionFwdAlgoPerf_t perfs[3]{};
+  perfs[0] = {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED, -1.0f, 0,
+              CUDNN_NON_DETERMINISTIC,        CUDNN_DEFAULT_MATH,         {}};
+  perfs[1] = {CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+              CUDNN_STATUS_SUCCESS,
+              0.75f,
+              std::size_t{1} << 33,
+              CUDNN_DETERMINISTIC,
+              CUDNN_TENSOR_OP_MATH,
+              {}};
+  perfs[2] = {
+      CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, 0.5f, 0, CUDNN_DETERMINISTIC, CUDNN_FMA_MATH, {}};
+  const auto ranking = FwdRanking::of_perfs(perfs, 3);
+  INFO(to_text(ranking));
+  REQUIRE(algorithms(ranking) == std::vector<int>{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                                  CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_FFT});
+  const auto& gemm = ranking[1];
+  CHECK(gemm.status == CUDNN_STATUS_SUCCESS);
+  CHECK(gemm.time_ms == 0.75f);
+  CHECK(gemm.workspace_bytes == (std::uint64_t{1} << 33));
+  CHECK(gemm.determinism == CUDNN_DETERMINISTIC);
+  CHECK(gemm.math_type == CUDNN_TENSOR_OP_MATH);
+  CHECK(ranking[2].status == CUDNN_STATUS_NOT_SUPPORTED);
+  CHECK(FwdRanking::of_perfs(perfs, 0).empty());
+}
+
+// --- merge ---------------------------------------------------------------------------------------------------
+
+TEST_CASE("merge keeps the better measurement of each candidate", "[perf_cache]") {
+  SECTION("a faster time wins") {
+    const auto result = merged(FwdRanking::of({ok(1, 2.0f, 0)}), FwdRanking::of({ok(1, 1.5f, 1 << 20)}));
+    REQUIRE(result.size() == 1);
+    CHECK(result.front().time_ms == 1.5f);
+    CHECK(result.front().workspace_bytes == (1u << 20));
+  }
+  SECTION("on a tie, the smaller workspace wins") {
+    const auto result = merged(FwdRanking::of({ok(1, 1.0f, 256)}), FwdRanking::of({ok(1, 1.0f, 128)}));
+    REQUIRE(result.size() == 1);
+    CHECK(result.front().workspace_bytes == 128);
+  }
+  SECTION("a success beats a failure") {
+    const auto result = merged(FwdRanking::of({failed(1)}), FwdRanking::of({ok(1, 100.0f)}));
+    REQUIRE(result.size() == 1);
+    CHECK(result.front().succeeded());
+  }
+  SECTION("distinct algorithms are united and ranked again") {
+    const auto result = merged(FwdRanking::of({ok(0, 3.0f), failed(5)}), FwdRanking::of({ok(2, 1.0f), ok(0, 4.0f)}));
+    INFO(to_text(result));
+    CHECK(algorithms(result) == std::vector<int>{2, 0, 5});
+    CHECK(result[1].time_ms == 3.0f);
+  }
+  SECTION("measurements are never averaged") {
+    const auto result = merged(FwdRanking::of({ok(3, 1.0f)}), FwdRanking::of({ok(3, 3.0f)}));
+    CHECK(result.front().time_ms == 1.0f);
+  }
+}
+
+// --- PerfCache -----------------------------------------------------------------------------------------------
+
+TEST_CASE("PerfCache find on a miss returns nothing and inserts nothing", "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  std::optional<FwdRanking> found = FwdRanking::of({ok(1, 1.0f)});
+  REQUIRE_NOTHROW(found = cache.find(conv_key(Direction::forward)));
+  CHECK_FALSE(found.has_value());
+  CHECK(cache.size() == 0);
+  CHECK(cache.entries().empty());
+}
+
+TEST_CASE("PerfCache insert, find, merge, erase and clear", "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  const ConvolutionKey key = conv_key(Direction::forward);
+  const ConvolutionKey other = conv_key(Direction::forward, 2);
+  const auto first = FwdRanking::of({ok(1, 2.0f), ok(2, 3.0f)});
+  cache.insert(key, first);
+
+  REQUIRE(cache.size() == 1);
+  REQUIRE(cache.find(key).has_value());
+  CHECK(*cache.find(key) == first);
+  CHECK_FALSE(cache.find(other).has_value());
+
+  SECTION("inserting again merges") {
+    const auto second = FwdRanking::of({ok(2, 1.0f), ok(0, 5.0f)});
+    cache.insert(key, second);
+    CHECK(cache.size() == 1);
+    const auto found = cache.find(key);
+    REQUIRE(found.has_value());
+    INFO(to_text(*found));
+    CHECK(*found == merge(first, second));
+    CHECK(algorithms(*found) == std::vector<int>{2, 1, 0});
+  }
+  SECTION("erase removes only that key") {
+    cache.insert(other, first);
+    CHECK(cache.erase(key));
+    CHECK_FALSE(cache.erase(key));
+    CHECK_FALSE(cache.find(key).has_value());
+    CHECK(cache.find(other).has_value());
+    CHECK(cache.size() == 1);
+  }
+  SECTION("clear removes everything") {
+    cache.insert(other, first);
+    cache.clear();
+    CHECK(cache.size() == 0);
+    CHECK_FALSE(cache.find(key).has_value());
+    CHECK_FALSE(cache.find(other).has_value());
+  }
+}
+
+TEST_CASE("PerfCache refuses keys of another direction and empty rankings", "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  const auto ranking = FwdRanking::of({ok(1, 1.0f)});
+  CHECK_THAT(error_of([&] { cache.insert(conv_key(Direction::backward_data), ranking); }),
+             Contains("forward cache cannot hold a key of direction backward_data"));
+  CHECK_THAT(error_of([&] { PerfCache<BackwardFilterTraits>().insert(conv_key(Direction::forward), {}); }),
+             Contains("backward_filter cache cannot hold a key of direction forward"));
+  CHECK_THAT(error_of([&] { cache.insert(conv_key(Direction::forward), FwdRanking()); }), Contains("empty ranking"));
+  CHECK(cache.size() == 0);
+}
+
+TEST_CASE("PerfCache entries are sorted by key", "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  const std::vector<std::int64_t> batches{5, 3, 9, 1, 7, 2};
+  for (const std::int64_t batch : batches) {
+    cache.insert(conv_key(Direction::forward, batch), FwdRanking::of({ok(0, static_cast<float>(batch))}));
+  }
+  const auto entries = cache.entries();
+  REQUIRE(entries.size() == batches.size());
+  for (std::size_t i = 1; i < entries.size(); ++i) CHECK(entries[i - 1].first < entries[i].first);
+  for (const auto& [key, ranking] : entries) CHECK(ranking.front().time_ms == static_cast<float>(key.input.dims[0]));
+}
+
+TEST_CASE("PerfCache holds the merge of everything 8 threads insert concurrently", "[perf_cache]") {
+  constexpr int kThreads = 8, kKeys = 16, kRounds = 60;
+  std::vector<ConvolutionKey> keys;
+  for (int k = 0; k < kKeys; ++k) keys.push_back(conv_key(Direction::forward, 1 + k));
+  // What thread t inserts for key k in round r: overlapping algorithms and math types, varied times.
+  auto measured = [](int t, int k, int r) {
+    const int algorithm = (t + r) % Fwd::algorithm_count;
+    const auto math = r % 3 == 0 ? CUDNN_TENSOR_OP_MATH : CUDNN_DEFAULT_MATH;
+    const float time = 0.25f * static_cast<float>(1 + (t * 7919 + k * 31 + r * 17) % 97);
+    if ((t + k + r) % 11 == 0) return failed(algorithm, math);
+    return ok(algorithm, time, static_cast<std::uint64_t>((t * r) % 5) * 64, math);
+  };
+
+  PerfCache<Fwd> cache;
+  std::atomic<int> bad_finds{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        for (int i = 0; i < kKeys; ++i) {
+          const int k = (i + t) % kKeys;  // threads start on different keys and overlap everywhere
+          cache.insert(keys[k], FwdRanking::of({measured(t, k, r)}));
+          const auto found = cache.find(keys[(k + 1) % kKeys]);
+          if (found && (found->empty() || !std::is_sorted(found->begin(), found->end(), ranks_before<Fwd>))) {
+            ++bad_finds;
+          }
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(bad_finds == 0);
+
+  REQUIRE(cache.size() == static_cast<std::size_t>(kKeys));
+  for (int k = 0; k < kKeys; ++k) {
+    std::vector<Candidate<Fwd>> everything;
+    for (int t = 0; t < kThreads; ++t) {
+      for (int r = 0; r < kRounds; ++r) everything.push_back(measured(t, k, r));
+    }
+    const auto expected = FwdRanking::of(everything.begin(), everything.end());
+    const auto best = std::min_element(everything.begin(), everything.end(), ranks_before<Fwd>);
+    const auto found = cache.find(keys[k]);
+    REQUIRE(found.has_value());
+    INFO("key " << k << ": " << to_text(*found) << " expected " << to_text(expected));
+    CHECK(found->front().time_ms == best->time_ms);
+    CHECK(*found == expected);
+  }
+}
+
+// --- CacheStore ----------------------------------------------------------------------------------------------
+
+TEST_CASE("DirectionCaches::get returns the cache of the direction", "[perf_cache]") {
+  DirectionCaches caches;
+  CHECK(&caches.get<ForwardTraits>() == &caches.forward);
+  CHECK(&caches.get<BackwardDataTraits>() == &caches.backward_data);
+  CHECK(&caches.get<BackwardFilterTraits>() == &caches.backward_filter);
+  const DirectionCaches& constant = caches;
+  CHECK(&constant.get<ForwardTraits>() == &caches.forward);
+  CHECK(&constant.get<BackwardDataTraits>() == &caches.backward_data);
+  CHECK(&constant.get<BackwardFilterTraits>() == &caches.backward_filter);
+
+  caches.get<BackwardDataTraits>().insert(conv_key(Direction::backward_data),
+                                          Ranking<BackwardDataTraits>::of({candidate<BackwardDataTraits>(1, 1.0f)}));
+  CHECK(caches.size() == 1);
+  CHECK(caches.backward_data.size() == 1);
+  caches.clear();
+  CHECK(caches.size() == 0);
+}
+
+TEST_CASE("CacheStore keeps one stable set of caches per origin", "[perf_cache]") {
+  CacheStore store;
+  const Origin a = origin("GPU A"), b = origin("GPU B"), c = origin("GPU A", 20);
+  CHECK(store.find(a) == nullptr);
+  CHECK(store.origins().empty());
+
+  DirectionCaches& caches_a = store.caches(a);
+  caches_a.forward.insert(conv_key(Direction::forward), FwdRanking::of({ok(0, 1.0f)}));
+  caches_a.backward_data.insert(conv_key(Direction::backward_data),
+                                Ranking<BackwardDataTraits>::of({candidate<BackwardDataTraits>(0, 1.0f)}));
+  for (int i = 0; i < 100; ++i) store.caches(origin("filler GPU " + std::to_string(i)));
+  store.caches(b).backward_filter.insert(conv_key(Direction::backward_filter),
+                                         Ranking<BackwardFilterTraits>::of({candidate<BackwardFilterTraits>(0, 1.0f)}));
+
+  CHECK(&store.caches(a) == &caches_a);
+  CHECK(store.find(a) == &caches_a);
+  CHECK(store.find(c) == nullptr);  // same GPU, another cuDNN minor: another origin
+  CHECK(caches_a.size() == 2);
+  CHECK(store.size() == 3);
+
+  const auto origins = store.origins();
+  REQUIRE(origins.size() == 102);
+  for (std::size_t i = 1; i < origins.size(); ++i) CHECK(origins[i - 1].first < origins[i].first);
+  CHECK(origins.front().first == a);
+  CHECK(origins.front().second == &caches_a);
+
+  store.clear();
+  CHECK(store.size() == 0);
+  CHECK(store.origins().size() == 102);
+  CHECK(&store.caches(a) == &caches_a);
+  caches_a.forward.insert(conv_key(Direction::forward), FwdRanking::of({ok(0, 1.0f)}));
+  CHECK(store.size() == 1);
+}
+
+TEST_CASE("Origin compares device and cuDNN major.minor", "[perf_cache]") {
+  const Origin a = origin("GPU A", 19);
+  CHECK(a.same_cudnn(CudnnVersion{9, 19, 5}));
+  CHECK_FALSE(a.same_cudnn(CudnnVersion{9, 20, 0}));
+  CHECK_FALSE(a.same_cudnn(CudnnVersion{8, 19, 0}));
+  CHECK(Origin::of(a.device, CudnnVersion{9, 19, 7}) == a);
+  CHECK(CudnnVersion::from_number(91902).number() == 91902);
+  CHECK(a != origin("GPU A", 18));
+  CHECK(origin("GPU A", 18) < a);
+}
+
+TEST_CASE("DeviceIdentity::of_device throws without a GPU, or names the GPU", "[perf_cache]") {
+  std::string name;
+  const std::string error = error_of([&] { name = DeviceIdentity::of_device(0).name; });
+  if (error == "no error") {
+    CHECK_FALSE(name.empty());  // a machine with a GPU
+  } else {
+    CHECK_THAT(error, Contains("CUDA device 0"));
+    CHECK_THAT(error_of([] { Origin::of_device(0); }), Contains("CUDA device 0"));
+  }
+}
+
+// --- algorithm names -----------------------------------------------------------------------------------------
+
+TEST_CASE("algorithm_name names each direction's algorithms", "[perf_cache]") {
+  CHECK(algorithm_name(Direction::forward, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) ==
+        "IMPLICIT_PRECOMP_GEMM");
+  CHECK(algorithm_name(Direction::forward, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED) == "WINOGRAD_NONFUSED");
+  CHECK(algorithm_name(Direction::backward_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1) == "ALGO_1");
+  CHECK(algorithm_name(Direction::backward_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING) == "FFT_TILING");
+  CHECK(algorithm_name(Direction::backward_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3) == "ALGO_3");
+  CHECK(algorithm_name(Direction::backward_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING) == "FFT_TILING");
+  for (const Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+    CAPTURE(direction);
+    CHECK(algorithm_name(direction, 42) == "ALGO_42");
+    CHECK(algorithm_name(direction, -1) == "ALGO_-1");
+  }
+  CHECK(ForwardTraits::algorithm_name(Fwd::algorithm_count) == "ALGO_" + std::to_string(Fwd::algorithm_count));
+  CHECK(BackwardDataTraits::algorithm_name(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD) == "WINOGRAD");
+  CHECK(BackwardFilterTraits::algorithm_name(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT) == "FFT");
+}
