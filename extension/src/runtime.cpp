@@ -1,0 +1,231 @@
+#include "cudnn_cache/runtime.h"
+
+#include <algorithm>
+#include <iostream>
+#include <optional>
+#include <vector>
+
+#include "cudnn_cache/error.h"
+
+namespace cudnn_cache {
+namespace {
+
+template <typename Traits>
+using Candidates = std::vector<Candidate<Traits>>;
+
+// The outcome of walking a list of candidates.
+struct Attempt {
+  bool ran = false;        // some candidate ran
+  bool fell_back = false;  // an eligible candidate before it could not run
+  std::string why_not;     // why the last one that could not run did not
+};
+
+// Runs the first eligible candidate that can run. Eligible: it succeeded when measured, and it is
+// deterministic when that is asked for. See Note [Selection, merge and fallback policy].
+template <typename Traits>
+Attempt run_first_that_runs(cudnnHandle_t handle, const ConvolutionDescriptors& descriptors,
+                            const ConvolutionBuffers& buffers, const Candidate<Traits>* begin,
+                            const Candidate<Traits>* end, const WorkspaceAllocator& allocate, bool deterministic) {
+  Attempt attempt;
+  for (const Candidate<Traits>* candidate = begin; candidate != end; ++candidate) {
+    if (!candidate->succeeded()) continue;
+    if (deterministic && candidate->determinism != CUDNN_DETERMINISTIC) continue;
+    std::unique_ptr<Workspace> workspace;
+    if (candidate->workspace_bytes > 0) {
+      workspace = allocate(candidate->workspace_bytes);
+      if (!workspace) {
+        attempt.fell_back = true;
+        attempt.why_not = detail::concat(Traits::algorithm_name(candidate->algorithm), ": out of memory for a ",
+                                         candidate->workspace_bytes, "-byte workspace");
+        continue;
+      }
+    }
+    // The candidate was measured with its own math type; run it with that one, as cuDNN reported it.
+    CUDNN_CACHE_CHECK(cudnnSetConvolutionMathType(descriptors.convolution.get(), candidate->math_type));
+    const cudnnStatus_t status =
+        Algorithms<Traits>::execute(handle, descriptors, candidate->algorithm, buffers,
+                                    workspace ? workspace->data() : nullptr, candidate->workspace_bytes);
+    if (status == CUDNN_STATUS_SUCCESS) {
+      attempt.ran = true;
+      return attempt;
+    }
+    attempt.fell_back = true;
+    attempt.why_not = detail::concat(Traits::algorithm_name(candidate->algorithm), ": ", cudnnGetErrorString(status));
+  }
+  if (attempt.why_not.empty()) {
+    attempt.why_not = deterministic ? "no deterministic candidate" : "no candidate that succeeded when measured";
+  }
+  return attempt;
+}
+
+// cuDNN's heuristic order for the problem, as candidates (not ranked: the order is cuDNN's).
+template <typename Traits>
+Candidates<Traits> heuristic_candidates(cudnnHandle_t handle, const ConvolutionDescriptors& descriptors,
+                                        const ConvolutionKey& key) {
+  std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
+  int returned = 0;
+  CUDNN_CACHE_CHECK(Algorithms<Traits>::heuristics(handle, descriptors, Traits::algorithm_count, &returned,
+                                                   perfs.data()),
+                    key);
+  Candidates<Traits> candidates;
+  for (int i = 0; i < returned; ++i) candidates.push_back(Candidate<Traits>::from_perf(perfs[i]));
+  return candidates;
+}
+
+// Find needs one workspace big enough for the hungriest algorithm: ask for the most any algorithm wants and
+// halve until the allocator can give it (algorithms that need more then report an allocation failure).
+template <typename Traits>
+std::pair<std::unique_ptr<Workspace>, std::size_t> search_workspace(cudnnHandle_t handle,
+                                                                    const ConvolutionDescriptors& descriptors,
+                                                                    const WorkspaceAllocator& allocate) {
+  std::size_t bytes = 0;
+  for (int algorithm = 0; algorithm < Traits::algorithm_count; ++algorithm) {
+    std::size_t needed = 0;
+    if (Algorithms<Traits>::workspace_size(handle, descriptors, static_cast<typename Traits::Algorithm>(algorithm),
+                                           &needed) == CUDNN_STATUS_SUCCESS) {
+      bytes = std::max(bytes, needed);
+    }
+  }
+  for (; bytes > 0; bytes /= 2) {
+    if (auto workspace = allocate(bytes)) return {std::move(workspace), bytes};
+  }
+  return {nullptr, 0};
+}
+
+template <typename Traits>
+Ranking<Traits> search(cudnnHandle_t handle, const ConvolutionDescriptors& descriptors, const ConvolutionKey& key,
+                       const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  auto [workspace, bytes] = search_workspace<Traits>(handle, descriptors, allocate);
+  std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
+  int returned = 0;
+  CUDNN_CACHE_CHECK(Algorithms<Traits>::find(handle, descriptors, buffers, Traits::algorithm_count, &returned,
+                                             perfs.data(), workspace ? workspace->data() : nullptr, bytes),
+                    key);
+  const Ranking<Traits> ranking = Ranking<Traits>::of_perfs(perfs.data(), returned);
+  CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key);
+  return ranking;
+}
+
+}  // namespace
+
+const char* to_string(MissPolicy policy) {
+  switch (policy) {
+    case MissPolicy::tune: return "tune";
+    case MissPolicy::heuristic: return "heuristic";
+    case MissPolicy::error: return "error";
+  }
+  return "unknown";
+}
+
+MissPolicy miss_policy_from_string(const std::string& name) {
+  for (MissPolicy policy : {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error}) {
+    if (name == to_string(policy)) return policy;
+  }
+  throw Error(detail::concat("unknown miss policy '", name, "'; use 'tune', 'heuristic' or 'error'"));
+}
+
+Runtime& Runtime::instance() {
+  static Runtime runtime;
+  return runtime;
+}
+
+Stats Runtime::stats() const { return {hits_.load(), misses_.load(), tunes_.load(), fallbacks_.load()}; }
+
+void Runtime::reset_stats() {
+  hits_ = 0;
+  misses_ = 0;
+  tunes_ = 0;
+  fallbacks_ = 0;
+}
+
+void Runtime::set_warning_handler(std::function<void(const std::string&)> handler) {
+  std::lock_guard lock(mutex_);
+  warning_handler_ = std::move(handler);
+}
+
+DirectionCaches& Runtime::caches_for_device(int index) {
+  CUDNN_CACHE_REQUIRE(index >= 0 && index < kMaxDevices, "CUDA device index ", index, " is out of range");
+  if (DirectionCaches* caches = device_caches_[index].load(std::memory_order_acquire)) return *caches;
+  const Origin origin = Origin::of_device(index);  // outside the lock: it calls into CUDA
+  std::lock_guard lock(mutex_);
+  DirectionCaches& caches = store_.caches(origin);
+  device_caches_[index].store(&caches, std::memory_order_release);
+  return caches;
+}
+
+void Runtime::count_fallback(const ConvolutionKey& key, const std::string& why) {
+  ++fallbacks_;
+  if (warned_.exchange(true)) return;
+  const std::string message = detail::concat(
+      "cudnn_cache: the best cached algorithm could not run (", why, ") for ", key,
+      "; running the next candidate. Counted in stats()['fallbacks']; this warning is shown once per process.");
+  std::lock_guard lock(mutex_);
+  if (warning_handler_) {
+    warning_handler_(message);
+  } else {
+    std::cerr << message << '\n';
+  }
+}
+
+template <typename Traits>
+void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                  const WorkspaceAllocator& allocate, bool deterministic) {
+  PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
+  const ConvolutionDescriptors descriptors(key);
+  std::optional<Ranking<Traits>> ranking = cache.find(key);
+  Candidates<Traits> heuristic;
+  if (ranking) {
+    ++hits_;
+  } else {
+    ++misses_;
+    switch (miss_policy()) {
+      case MissPolicy::tune:
+        ranking = search<Traits>(handle, descriptors, key, buffers, allocate);
+        ++tunes_;
+        cache.insert(key, *ranking);
+        break;
+      case MissPolicy::heuristic:
+        heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
+        break;
+      case MissPolicy::error:
+        throw Error(detail::concat("cudnn_cache: no cached algorithm for ", key,
+                                   " and the miss policy is 'error'. Run scripts/warm_start.py for this model and "
+                                   "input shape, then load its file"));
+    }
+  }
+  const Candidate<Traits>* begin = ranking ? ranking->begin() : heuristic.data();
+  const Candidate<Traits>* end = ranking ? ranking->end() : heuristic.data() + heuristic.size();
+  Attempt attempt = run_first_that_runs<Traits>(handle, descriptors, buffers, begin, end, allocate, deterministic);
+  if (attempt.fell_back || !attempt.ran) count_fallback(key, attempt.why_not);
+  if (attempt.ran) return;
+  if (ranking) {  // nothing cached could run: cuDNN's heuristics are the last resort
+    heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
+    attempt = run_first_that_runs<Traits>(handle, descriptors, buffers, heuristic.data(),
+                                          heuristic.data() + heuristic.size(), allocate, deterministic);
+    if (attempt.ran) return;
+  }
+  throw Error(detail::concat("cudnn_cache: no cuDNN algorithm could run ", key, " (last: ", attempt.why_not, ")"));
+}
+
+template <typename Traits>
+Ranking<Traits> Runtime::tune(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                              const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
+  const ConvolutionDescriptors descriptors(key);
+  const Ranking<Traits> ranking = search<Traits>(handle, descriptors, key, buffers, allocate);
+  ++tunes_;
+  cache.insert(key, ranking);
+  return ranking;
+}
+
+#define CUDNN_CACHE_INSTANTIATE(Traits)                                                                         \
+  template void Runtime::run<Traits>(cudnnHandle_t, int, const ConvolutionKey&, const ConvolutionBuffers&,     \
+                                     const WorkspaceAllocator&, bool);                                         \
+  template Ranking<Traits> Runtime::tune<Traits>(cudnnHandle_t, int, const ConvolutionKey&,                    \
+                                                 const ConvolutionBuffers&, const WorkspaceAllocator&)
+CUDNN_CACHE_INSTANTIATE(ForwardTraits);
+CUDNN_CACHE_INSTANTIATE(BackwardDataTraits);
+CUDNN_CACHE_INSTANTIATE(BackwardFilterTraits);
+#undef CUDNN_CACHE_INSTANTIATE
+
+}  // namespace cudnn_cache

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Warm start: tune every convolution of a model once, and write the cache file that later runs load.
+
+Runs forward and backward on the GPU for each input shape and batch size, which fills the forward,
+backward-data and backward-filter caches, then saves them atomically. An existing file is loaded first, so
+entries accumulate across runs (and across models).
+
+    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --output resnet50.cache
+    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 64 --dtype bfloat16 \\
+        --channels-last --output resnet50.cache
+    python3 scripts/warm_start.py --torchscript model.pt --shape 3,32,32 --batch-size 7 --output model.cache
+
+Exit codes: 0 done; 1 the model or a file failed; 2 bad arguments, or no GPU (nothing is written then).
+"""
+
+import argparse
+import itertools
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "torch_ops"))  # a source checkout
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def parse_shape(text: str):
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be comma-separated integers such as 3,224,224, not {text!r}")
+    if not 2 <= len(shape) <= 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r}: give C,L or C,H,W or C,D,H,W (no batch), all >= 1")
+    return shape
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a torchvision model name, e.g. resnet50 (built with random weights)")
+    source.add_argument("--torchscript", help="a TorchScript file whose convolutions use the cudnn_cache ops")
+    parser.add_argument("--shape", type=parse_shape, action="append", required=True,
+                        help="input shape without the batch, e.g. 3,224,224; repeat for several")
+    parser.add_argument("--batch-size", type=int, action="append", required=True, help="repeat for several")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--channels-last", action="store_true", help="run in channels_last (NHWC / NDHWC)")
+    parser.add_argument("--output", required=True, help="the cache file to write (loaded first if it exists)")
+    parser.add_argument("--device", default="cuda", help="CUDA device, default: the current one")
+    args = parser.parse_args(argv)
+    if min(args.batch_size) < 1:
+        parser.error("--batch-size must be >= 1")
+    return args
+
+
+def build_model(args, device, dtype):
+    import cudnn_cache
+
+    if args.model:
+        try:
+            import torchvision
+        except ImportError:
+            sys.exit("warm_start: --model needs torchvision (pip install torchvision==0.26.0)")
+        try:
+            model = torchvision.models.get_model(args.model, weights=None)
+        except ValueError as error:
+            sys.exit(f"warm_start: {error}")
+        model = cudnn_cache.convert(model)
+    else:
+        model = torch.jit.load(args.torchscript, map_location=device)
+        if "cudnn_cache::" not in str(model.inlined_graph):
+            sys.exit(f"warm_start: {args.torchscript} calls no cudnn_cache op; run cudnn_cache.convert(model) "
+                     "before torch.jit.script, so its convolutions go through the cache")
+    model = model.to(device=device, dtype=dtype)
+    return model.train()
+
+
+def first_tensor_sum(output):
+    """A scalar to backpropagate from whatever the model returns."""
+    if isinstance(output, torch.Tensor):
+        return output.float().sum()
+    if isinstance(output, dict):
+        output = list(output.values())
+    return sum(first_tensor_sum(item) for item in output if isinstance(item, (torch.Tensor, list, tuple, dict)))
+
+
+def progress(items, total):
+    try:
+        from tqdm import tqdm
+        return tqdm(items, total=total, unit="shape", desc="warm start")
+    except ImportError:
+        def plain():
+            for index, item in enumerate(items, 1):
+                print(f"warm start [{index}/{total}] batch {item[1]} x {item[0]}", flush=True)
+                yield item
+        return plain()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("warm_start: no CUDA GPU is visible; cuDNN tuning needs one. Nothing was written.", file=sys.stderr)
+        return 2
+    import cudnn_cache
+
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    started = time.perf_counter()
+    loaded = cudnn_cache.load(args.output) if os.path.exists(args.output) else 0
+    model = build_model(args, device, dtype)
+    cudnn_cache.reset_stats()
+
+    memory_format = torch.contiguous_format
+    if args.channels_last:
+        memory_format = {3: torch.channels_last, 4: torch.channels_last_3d}.get(len(args.shape[0]))
+        if memory_format is None:
+            print("warm_start: --channels-last needs 2-D or 3-D inputs (C,H,W or C,D,H,W)", file=sys.stderr)
+            return 2
+        model = model.to(memory_format=memory_format)
+
+    runs = list(itertools.product(args.shape, args.batch_size))
+    for shape, batch in progress(runs, len(runs)):
+        x = torch.randn(batch, *shape, device=device, dtype=dtype).contiguous(memory_format=memory_format)
+        first_tensor_sum(model(x)).backward()
+        model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(device)
+
+    cudnn_cache.save(args.output)
+    stats = cudnn_cache.stats()
+    print(f"warm_start: {stats['entries']} entries in {args.output} ({stats['tunes']} tuned now, {loaded} loaded); "
+          f"{len(runs)} shape(s) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+// Autograd in C++, on the Autograd key, so TorchScript models (from Python or LibTorch) train without Python.
+
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "../convolution.h"
+#include "../problem.h"
+
+namespace cudnn_cache::torch_ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Keeps what backward needs of the integer arguments.
+void save_params(AutogradContext* ctx, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                 std::int64_t groups, bool has_bias) {
+  ctx->saved_data["stride"] = stride.vec();
+  ctx->saved_data["padding"] = padding.vec();
+  ctx->saved_data["dilation"] = dilation.vec();
+  ctx->saved_data["groups"] = groups;
+  ctx->saved_data["has_bias"] = has_bias;
+}
+
+struct SavedParams {
+  std::vector<std::int64_t> stride, padding, dilation;
+  std::int64_t groups;
+  bool has_bias;
+
+  explicit SavedParams(AutogradContext* ctx)
+      : stride(ctx->saved_data["stride"].toIntVector()),
+        padding(ctx->saved_data["padding"].toIntVector()),
+        dilation(ctx->saved_data["dilation"].toIntVector()),
+        groups(ctx->saved_data["groups"].toInt()),
+        has_bias(ctx->saved_data["has_bias"].toBool()) {}
+};
+
+// The bias gradient: grad_output summed over every dimension but the channels.
+at::Tensor bias_gradient(const at::Tensor& grad_output) {
+  std::vector<std::int64_t> dims{0};
+  for (std::int64_t d = 2; d < grad_output.dim(); ++d) dims.push_back(d);
+  return grad_output.sum(dims);
+}
+
+class Convolution : public torch::autograd::Function<Convolution> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                            at::IntArrayRef dilation, std::int64_t groups) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({input, weight});
+    save_params(ctx, stride, padding, dilation, groups, bias && bias->defined());
+    return call_convolution(input, weight, bias, stride, padding, dilation, groups);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const SavedParams p(ctx);
+    // cuDNN then sees the forward's layout in every direction, and the three keys agree on it.
+    const at::Tensor grad = grads[0].contiguous(convolution_memory_format(input, weight));
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      grad_input = call_backward_input(grad, weight, input.sizes(), p.stride, p.padding, p.dilation, p.groups);
+    }
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = call_backward_weight(grad, input, weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
+    }
+    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(grad);
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// y = convolution_transpose(x, w) is dx of the convolution y -> x, so its gradients are that convolution's
+// forward (for x) and its backward-filter with the roles of input and grad_output swapped (for w).
+class ConvolutionTranspose : public torch::autograd::Function<ConvolutionTranspose> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                            at::IntArrayRef output_padding, at::IntArrayRef dilation, std::int64_t groups) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({input, weight});
+    save_params(ctx, stride, padding, dilation, groups, bias && bias->defined());
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("cudnn_cache::convolution_transpose", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                                 at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                 std::int64_t)>();
+    return op.call(input, weight, bias, stride, padding, output_padding, dilation, groups);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const SavedParams p(ctx);
+    const at::Tensor grad = grads[0].contiguous(convolution_memory_format(input, weight));
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      grad_input = call_convolution(grad, weight, std::nullopt, p.stride, p.padding, p.dilation, p.groups);
+    }
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = call_backward_weight(input, grad, weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
+    }
+    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(grad);
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(),  at::Tensor()};
+  }
+};
+
+at::Tensor convolution_autograd(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                                at::IntArrayRef dilation, std::int64_t groups) {
+  return Convolution::apply(input, weight, bias, stride, padding, dilation, groups);
+}
+
+at::Tensor convolution_transpose_autograd(const at::Tensor& input, const at::Tensor& weight,
+                                          const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                          at::IntArrayRef padding, at::IntArrayRef output_padding,
+                                          at::IntArrayRef dilation, std::int64_t groups) {
+  return ConvolutionTranspose::apply(input, weight, bias, stride, padding, output_padding, dilation, groups);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cudnn_cache, Autograd, m) {
+  m.impl("convolution", &convolution_autograd);
+  m.impl("convolution_transpose", &convolution_transpose_autograd);
+}
+
+}  // namespace cudnn_cache::torch_ops

@@ -1,0 +1,207 @@
+// The cache as ops: descriptor round trips, keys, queries, tuning on demand, size, save and load, statistics
+// and the miss policy. They read or change process state, not tensors, so one kernel serves every backend.
+
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "cudnn_cache/checkpoint.h"
+#include "cudnn_cache/descriptors.h"
+#include "cudnn_cache/runtime.h"
+#include "problem.h"
+
+namespace cudnn_cache::torch_ops {
+namespace {
+
+constexpr std::size_t kKeyWords = sizeof(ConvolutionKey) / sizeof(std::int32_t);
+
+template <typename Int, std::size_t N>
+std::vector<std::int64_t> to_list(const std::array<Int, N>& values, int count) {
+  return std::vector<std::int64_t>(values.begin(), values.begin() + count);
+}
+
+std::tuple<std::string, std::vector<std::int64_t>, std::vector<std::int64_t>> describe_tensor(const at::Tensor& input) {
+  const cudnnDataType_t type = cudnn_data_type(input.scalar_type(), "input");
+  return rethrow([&] {
+    TensorDescriptor descriptor;
+    descriptor.set(type, IntSpan(input.sizes().data(), input.dim()), IntSpan(input.strides().data(), input.dim()));
+    const TensorKey key = descriptor.key();
+    return std::make_tuple(data_type_name(key.data_type), to_list(key.dims, key.nb_dims),
+                           to_list(key.strides, key.nb_dims));
+  });
+}
+
+std::tuple<std::string, std::string, std::vector<std::int64_t>> describe_filter(const at::Tensor& weight) {
+  const cudnnDataType_t type = cudnn_data_type(weight.scalar_type(), "weight");
+  const Layout format =
+      convolution_memory_format(weight, weight) == at::MemoryFormat::Contiguous ? Layout::nchw : Layout::nhwc;
+  return rethrow([&] {
+    FilterDescriptor descriptor;
+    descriptor.set(type, IntSpan(weight.sizes().data(), weight.dim()), format);
+    const FilterKey key = descriptor.key();
+    return std::make_tuple(data_type_name(key.data_type), layout_name(key), to_list(key.dims, key.nb_dims));
+  });
+}
+
+std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>, std::vector<std::int64_t>, std::int64_t, std::string,
+           std::string, std::string>
+describe_convolution(at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                     at::ScalarType dtype) {
+  const cudnnDataType_t type = cudnn_data_type(dtype, "dtype");
+  return rethrow([&] {
+    ConvolutionDescriptor descriptor;
+    descriptor.set(IntSpan(padding.data(), padding.size()), IntSpan(stride.data(), stride.size()),
+                   IntSpan(dilation.data(), dilation.size()), groups, CUDNN_CROSS_CORRELATION,
+                   default_compute_type(type), cudnn_math_type(dtype));
+    const ConvolutionDescriptorKey key = descriptor.key();
+    return std::make_tuple(to_list(key.padding, key.nb_spatial_dims), to_list(key.stride, key.nb_spatial_dims),
+                           to_list(key.dilation, key.nb_spatial_dims), static_cast<std::int64_t>(key.groups),
+                           std::string(convolution_mode_name(key.mode)), data_type_name(key.compute_type),
+                           std::string(math_type_name(key.math_type)));
+  });
+}
+
+// The key the convolution ops use for this call, as its int32 words (a plain, hashable value in Python).
+std::vector<std::int64_t> conv_key(const std::string& direction, const at::Tensor& input, const at::Tensor& weight,
+                                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                   std::int64_t groups, bool transposed, at::IntArrayRef output_padding) {
+  const Direction chosen = direction_from_string(direction);
+  const char* op = "conv_key";
+  check_tensors(op, input, weight, std::nullopt);
+  const ConvolutionParams params = check_params(op, input, weight, stride, padding, dilation, groups, transposed);
+  // Stand-ins with the sizes and strides the kernels give cuDNN, without touching any data.
+  const at::MemoryFormat format = convolution_memory_format(input, weight);
+  const auto options = input.options().device(at::kMeta).memory_format(format);
+  const auto like = [&](at::IntArrayRef sizes) { return at::empty(sizes, options); };
+  at::Tensor x, y;
+  if (transposed) {
+    const auto extra = per_spatial_dim(op, "output_padding", output_padding, params.stride.size());
+    x = like(transposed_output_size(input.sizes(), weight.sizes(), params, extra));
+    y = like(input.sizes());
+  } else {
+    x = like(input.sizes());
+    y = like(convolution_output_size(input.sizes(), weight.sizes(), params));
+  }
+  const ConvolutionKey key = make_problem(x, like(weight.sizes()), y, params, format).key_for(chosen);
+  std::array<std::int32_t, kKeyWords> words{};
+  std::memcpy(words.data(), &key, sizeof key);
+  return std::vector<std::int64_t>(words.begin(), words.end());
+}
+
+ConvolutionKey key_from_list(at::IntArrayRef words) {
+  TORCH_CHECK(words.size() == kKeyWords, "cudnn_cache: a key has ", kKeyWords, " values, got ", words.size(),
+              "; pass what conv_key returned");
+  std::array<std::int32_t, kKeyWords> narrow{};
+  for (std::size_t i = 0; i < kKeyWords; ++i) narrow[i] = static_cast<std::int32_t>(words[i]);
+  ConvolutionKey key;
+  std::memcpy(static_cast<void*>(&key), narrow.data(), sizeof key);
+  const std::string problem = check_key(key);
+  TORCH_CHECK(problem.empty(), "cudnn_cache: not a valid key (", problem, "); pass what conv_key returned");
+  return key;
+}
+
+DirectionCaches& current_device_caches(const char* op) {
+  TORCH_CHECK(at::cuda::is_available(), "cudnn_cache.", op, ": no CUDA device; cache entries belong to a GPU");
+  return rethrow([] { return std::ref(Runtime::instance().caches_for_device(at::cuda::current_device())); });
+}
+
+using CandidateList = c10::List<c10::Dict<std::string, c10::IValue>>;
+
+// The ranking stored for the key on the current device, best first; None on a miss.
+std::optional<CandidateList> query(const std::string& direction, at::IntArrayRef words) {
+  const Direction chosen = direction_from_string(direction);
+  const ConvolutionKey key = key_from_list(words);
+  TORCH_CHECK(key.direction == static_cast<std::int32_t>(chosen), "cudnn_cache.query: the key is a ",
+              to_string(static_cast<Direction>(key.direction)), " key but direction is '", direction, "'");
+  DirectionCaches& caches = current_device_caches("query");
+  std::optional<CandidateList> result;
+  for_each_direction([&](auto traits) {
+    using Traits = decltype(traits);
+    if (Traits::direction != chosen) return;
+    const auto ranking = caches.get<Traits>().find(key);
+    if (!ranking) return;
+    CandidateList list;
+    for (const auto& candidate : *ranking) {
+      auto entry = c10::impl::toTypedDict<std::string, c10::IValue>(
+          c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+      entry.insert("algorithm", Traits::algorithm_name(candidate.algorithm));
+      entry.insert("status", std::string(cudnnGetErrorString(candidate.status)));
+      entry.insert("time_ms", static_cast<double>(candidate.time_ms));
+      entry.insert("workspace_bytes", static_cast<std::int64_t>(candidate.workspace_bytes));
+      entry.insert("deterministic", candidate.determinism == CUDNN_DETERMINISTIC);
+      entry.insert("math_type", std::string(math_type_name(candidate.math_type)));
+      list.push_back(std::move(entry));
+    }
+    result = std::move(list);
+  });
+  return result;
+}
+
+std::int64_t fill_cpu(const at::Tensor&, const at::Tensor&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                      std::int64_t, bool, at::IntArrayRef) {
+  TORCH_CHECK(false, "cudnn_cache.fill tunes on the GPU: pass CUDA tensors (input.cuda(), weight.cuda())");
+}
+
+std::int64_t size() { return static_cast<std::int64_t>(Runtime::instance().store().size()); }
+
+void clear() { Runtime::instance().store().clear(); }
+
+void save(const std::string& path) { rethrow([&] { cudnn_cache::save(Runtime::instance().store(), path); }); }
+
+std::int64_t load(const std::string& path) {
+  const LoadReport report = rethrow([&] { return cudnn_cache::load(Runtime::instance().store(), path); });
+  if (report.other_cudnn_entries > 0) {
+    TORCH_WARN("cudnn_cache: ", report.other_cudnn_entries, " of the ", report.entries, " entries in '", path,
+               "' were measured with another cuDNN major.minor than this process's ", CudnnVersion::of_library(),
+               "; they are kept (and saved again) but not used. Run the warm start again to tune for this cuDNN.");
+  }
+  return static_cast<std::int64_t>(report.entries);
+}
+
+c10::Dict<std::string, std::int64_t> stats() {
+  const Stats s = Runtime::instance().stats();
+  c10::Dict<std::string, std::int64_t> result;
+  result.insert("hits", static_cast<std::int64_t>(s.hits));
+  result.insert("misses", static_cast<std::int64_t>(s.misses));
+  result.insert("tunes", static_cast<std::int64_t>(s.tunes));
+  result.insert("fallbacks", static_cast<std::int64_t>(s.fallbacks));
+  result.insert("entries", size());
+  return result;
+}
+
+void reset_stats() { Runtime::instance().reset_stats(); }
+
+void set_miss_policy(const std::string& policy) {
+  Runtime::instance().set_miss_policy(rethrow([&] { return miss_policy_from_string(policy); }));
+}
+
+std::string get_miss_policy() { return to_string(Runtime::instance().miss_policy()); }
+
+// Core warnings (fallbacks) surface as Python warnings.
+const bool warnings_routed = [] {
+  Runtime::instance().set_warning_handler([](const std::string& message) { TORCH_WARN(message); });
+  return true;
+}();
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
+  m.impl("describe_tensor", &describe_tensor);
+  m.impl("describe_filter", &describe_filter);
+  m.impl("describe_convolution", &describe_convolution);
+  m.impl("conv_key", &conv_key);
+  m.impl("query", &query);
+  m.impl("size", &size);
+  m.impl("clear", &clear);
+  m.impl("save", &save);
+  m.impl("load", &load);
+  m.impl("stats", &stats);
+  m.impl("reset_stats", &reset_stats);
+  m.impl("set_miss_policy", &set_miss_policy);
+  m.impl("get_miss_policy", &get_miss_policy);
+}
+
+TORCH_LIBRARY_IMPL(cudnn_cache, CPU, m) { m.impl("fill", &fill_cpu); }
+
+}  // namespace cudnn_cache::torch_ops

@@ -1,0 +1,164 @@
+// CUDA kernels: cuDNN with the cached algorithms. The core does the lookup, tuning and fallback
+// (Note [Running a cached convolution]); this file hands it tensors' memory, a cuDNN handle on the current
+// stream, and workspace from PyTorch's caching allocator.
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../convolution.h"
+#include "../problem.h"
+#include "cudnn_cache/runtime.h"
+
+namespace cudnn_cache::torch_ops {
+namespace {
+
+class CachingAllocatorWorkspace : public Workspace {
+ public:
+  explicit CachingAllocatorWorkspace(c10::DataPtr memory) : memory_(std::move(memory)) {}
+  void* data() override { return memory_.get(); }
+
+ private:
+  c10::DataPtr memory_;
+};
+
+// Workspace from PyTorch's caching allocator; null when the device is out of memory, so the core moves on.
+std::unique_ptr<Workspace> allocate_workspace(std::size_t bytes) {
+  try {
+    return std::make_unique<CachingAllocatorWorkspace>(c10::cuda::CUDACachingAllocator::get()->allocate(bytes));
+  } catch (const c10::OutOfMemoryError&) {
+    return nullptr;
+  }
+}
+
+cudnnHandle_t current_handle() {
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  rethrow([&] { CUDNN_CACHE_CHECK(cudnnSetStream(handle, at::cuda::getCurrentCUDAStream())); });
+  return handle;
+}
+
+void check_cuda(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.is_cuda() && b.device() == a.device(), op, ": tensors must be on one CUDA device, got ", a.device(),
+              " and ", b.device());
+}
+
+template <typename Traits>
+void run(const Problem& problem, const at::Tensor& x, const at::Tensor& w, const at::Tensor& y) {
+  const ConvolutionBuffers buffers{x.data_ptr(), w.data_ptr(), y.data_ptr()};
+  const int device = x.get_device();
+  rethrow([&] {
+    Runtime::instance().run<Traits>(current_handle(), device, problem.key_for(Traits::direction), buffers,
+                                    allocate_workspace, deterministic_requested());
+  });
+}
+
+// Checks that grad_output has the size the convolution of x by w gives (the backward ops get sizes, not tensors).
+void check_grad_output(const char* op, const at::Tensor& x, const at::Tensor& w, const at::Tensor& dy,
+                       const ConvolutionParams& params) {
+  const auto expected = convolution_output_size(x.sizes(), w.sizes(), params);
+  TORCH_CHECK(dy.sizes() == at::IntArrayRef(expected), op, ": grad_output has sizes ", dy.sizes(),
+              " but the convolution of input sizes ", x.sizes(), " by weight sizes ", w.sizes(), " gives ", expected);
+}
+
+at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                            std::int64_t groups) {
+  check_tensors("convolution", input, weight, bias);
+  check_cuda("convolution", input, weight);
+  const ConvolutionParams params = check_params("convolution", input, weight, stride, padding, dilation, groups);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::MemoryFormat format = convolution_memory_format(input, weight);
+  const at::Tensor x = input.contiguous(format);
+  const at::Tensor w = weight.contiguous(format);
+  at::Tensor y = at::empty(convolution_output_size(x.sizes(), w.sizes(), params), x.options().memory_format(format));
+  if (x.numel() > 0) run<ForwardTraits>(make_problem(x, w, y, params, format), x, w, y);
+  add_bias(y, bias);
+  return y;
+}
+
+at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               std::int64_t groups) {
+  check_cuda("_convolution_backward_input", grad_output, weight);
+  const c10::cuda::CUDAGuard guard(grad_output.device());
+  const at::MemoryFormat format = convolution_memory_format(grad_output, weight);
+  const at::Tensor dy = grad_output.contiguous(format);
+  const at::Tensor w = weight.contiguous(format);
+  at::Tensor dx = at::empty(input_size, dy.options().memory_format(format));
+  const ConvolutionParams params =
+      check_params("_convolution_backward_input", dx, w, stride, padding, dilation, groups);
+  check_grad_output("_convolution_backward_input", dx, w, dy, params);
+  if (dx.numel() == 0) return dx;
+  run<BackwardDataTraits>(make_problem(dx, w, dy, params, format), dx, w, dy);
+  return dx;
+}
+
+at::Tensor backward_weight_cuda(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
+                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                std::int64_t groups) {
+  check_cuda("_convolution_backward_weight", grad_output, input);
+  const c10::cuda::CUDAGuard guard(grad_output.device());
+  const at::MemoryFormat format = convolution_memory_format(input, grad_output);
+  const at::Tensor x = input.contiguous(format);
+  const at::Tensor dy = grad_output.contiguous(format);
+  at::Tensor dw = at::empty(weight_size, x.options().memory_format(format));
+  const ConvolutionParams params =
+      check_params("_convolution_backward_weight", x, dw, stride, padding, dilation, groups);
+  check_grad_output("_convolution_backward_weight", x, dw, dy, params);
+  if (x.numel() == 0) return dw.zero_();  // an empty batch contributes no gradient
+  run<BackwardFilterTraits>(make_problem(x, dw, dy, params, format), x, dw, dy);
+  return dw;
+}
+
+// Tunes the three directions of one convolution now, on tensors shaped like the call's.
+std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups, bool transposed,
+                       at::IntArrayRef output_padding) {
+  check_tensors("fill", input, weight, std::nullopt);
+  check_cuda("fill", input, weight);
+  const ConvolutionParams params = check_params("fill", input, weight, stride, padding, dilation, groups, transposed);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::MemoryFormat format = convolution_memory_format(input, weight);
+  const auto options = input.options().memory_format(format);
+  const at::Tensor w = weight.contiguous(format);
+  at::Tensor x, y;
+  if (transposed) {
+    const auto extra = per_spatial_dim("fill", "output_padding", output_padding, params.stride.size());
+    x = at::empty(transposed_output_size(input.sizes(), weight.sizes(), params, extra), options);
+    y = input.contiguous(format);
+  } else {
+    x = input.contiguous(format);
+    y = at::empty(convolution_output_size(input.sizes(), weight.sizes(), params), options);
+  }
+  if (x.numel() == 0 || y.numel() == 0) return 0;
+  // Tuning writes the output of each direction: it gets scratch memory, never a tensor of the caller's.
+  const at::Tensor scratch_x = at::empty_like(x);
+  const at::Tensor scratch_y = at::empty_like(y);
+  const at::Tensor scratch_w = at::empty_like(w);
+  const Problem problem = make_problem(x, w, y, params, format);
+  const int device = input.get_device();
+  const cudnnHandle_t handle = current_handle();
+  rethrow([&] {
+    Runtime& runtime = Runtime::instance();
+    runtime.tune<ForwardTraits>(handle, device, problem.key_for(Direction::forward),
+                                {x.data_ptr(), w.data_ptr(), scratch_y.data_ptr()}, allocate_workspace);
+    runtime.tune<BackwardDataTraits>(handle, device, problem.key_for(Direction::backward_data),
+                                     {scratch_x.data_ptr(), w.data_ptr(), y.data_ptr()}, allocate_workspace);
+    runtime.tune<BackwardFilterTraits>(handle, device, problem.key_for(Direction::backward_filter),
+                                       {x.data_ptr(), scratch_w.data_ptr(), y.data_ptr()}, allocate_workspace);
+  });
+  return 3;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cudnn_cache, CUDA, m) {
+  m.impl("convolution", &convolution_cuda);
+  m.impl("_convolution_backward_input", &backward_input_cuda);
+  m.impl("_convolution_backward_weight", &backward_weight_cuda);
+  m.impl("fill", &fill_cuda);
+}
+
+}  // namespace cudnn_cache::torch_ops

@@ -1,0 +1,38 @@
+// Meta kernels: shapes, dtypes and memory formats only, for torch.compile's fake tensors and shape inference.
+
+#include <torch/library.h>
+
+#include "../convolution.h"
+#include "../problem.h"
+
+namespace cudnn_cache::torch_ops {
+namespace {
+
+at::Tensor convolution_meta(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                            std::int64_t groups) {
+  check_tensors("convolution", input, weight, bias);
+  const ConvolutionParams params = check_params("convolution", input, weight, stride, padding, dilation, groups);
+  return at::empty(convolution_output_size(input.sizes(), weight.sizes(), params),
+                   input.options().memory_format(convolution_memory_format(input, weight)));
+}
+
+at::Tensor backward_input_meta(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
+                               at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
+  return at::empty(input_size, grad_output.options().memory_format(convolution_memory_format(grad_output, weight)));
+}
+
+at::Tensor backward_weight_meta(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
+                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
+  return at::empty(weight_size, input.options().memory_format(convolution_memory_format(input, grad_output)));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cudnn_cache, Meta, m) {
+  m.impl("convolution", &convolution_meta);
+  m.impl("_convolution_backward_input", &backward_input_meta);
+  m.impl("_convolution_backward_weight", &backward_weight_meta);
+}
+
+}  // namespace cudnn_cache::torch_ops

@@ -1,0 +1,79 @@
+// The op schemas of the cudnn_cache library, all in one place. Kernels register in cpu/, cuda/, meta/,
+// autograd/ and cache_ops.cpp.
+
+#include <torch/library.h>
+
+#include "convolution.h"
+
+TORCH_LIBRARY(cudnn_cache, m) {
+  // Convolutions. Argument names follow ATen; backward ops have a leading underscore.
+  m.def("convolution(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+        "int groups) -> Tensor");
+  m.def("convolution_transpose(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+        "int[] output_padding, int[] dilation, int groups) -> Tensor");
+  m.def("_convolution_backward_input(Tensor grad_output, Tensor weight, int[] input_size, int[] stride, "
+        "int[] padding, int[] dilation, int groups) -> Tensor");
+  m.def("_convolution_backward_weight(Tensor grad_output, Tensor input, int[] weight_size, int[] stride, "
+        "int[] padding, int[] dilation, int groups) -> Tensor");
+
+  // The seed's reverse lookup: build the real cuDNN descriptor, decode it back with the cuDNN getters.
+  m.def("describe_tensor(Tensor input) -> (str data_type, int[] dims, int[] strides)");
+  m.def("describe_filter(Tensor weight) -> (str data_type, str format, int[] dims)");
+  m.def("describe_convolution(int[] stride, int[] padding, int[] dilation, int groups, ScalarType dtype) -> "
+        "(int[] padding, int[] stride, int[] dilation, int groups, str mode, str compute_type, str math_type)");
+  m.def("conv_key(str direction, Tensor input, Tensor weight, int[] stride, int[] padding, int[] dilation, "
+        "int groups, bool transposed=False, int[] output_padding=[]) -> int[]");
+
+  // The cache.
+  m.def("query(str direction, int[] key) -> Dict(str, Any)[]?");
+  m.def("fill(Tensor input, Tensor weight, int[] stride, int[] padding, int[] dilation, int groups, "
+        "bool transposed=False, int[] output_padding=[]) -> int");
+  m.def("size() -> int");
+  m.def("clear() -> ()");
+  m.def("save(str path) -> ()");
+  m.def("load(str path) -> int");
+  m.def("stats() -> Dict(str, int)");
+  m.def("reset_stats() -> ()");
+  m.def("set_miss_policy(str policy) -> ()");
+  m.def("get_miss_policy() -> str");
+}
+
+namespace cudnn_cache::torch_ops {
+namespace {
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+}  // namespace
+
+at::Tensor call_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                            std::int64_t groups) {
+  static const auto handle = op<decltype(call_convolution)>("cudnn_cache::convolution");
+  return handle.call(input, weight, bias, stride, padding, dilation, groups);
+}
+
+at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               std::int64_t groups) {
+  static const auto handle = op<decltype(call_backward_input)>("cudnn_cache::_convolution_backward_input");
+  return handle.call(grad_output, weight, input_size, stride, padding, dilation, groups);
+}
+
+at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
+                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                std::int64_t groups) {
+  static const auto handle = op<decltype(call_backward_weight)>("cudnn_cache::_convolution_backward_weight");
+  return handle.call(grad_output, input, weight_size, stride, padding, dilation, groups);
+}
+
+void add_bias(at::Tensor& output, const std::optional<at::Tensor>& bias) {
+  if (!bias || !bias->defined()) return;
+  std::vector<std::int64_t> shape(output.dim(), 1);
+  shape[1] = -1;
+  output.add_(bias->reshape(shape));
+}
+
+}  // namespace cudnn_cache::torch_ops

@@ -1,0 +1,157 @@
+#include "problem.h"
+
+#include <ATen/Context.h>
+
+namespace cudnn_cache::torch_ops {
+namespace {
+
+}  // namespace
+
+std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::IntArrayRef values,
+                                          std::size_t spatial_dims) {
+  TORCH_CHECK(values.size() == 1 || values.size() == spatial_dims, op, ": ", name, " has ", values.size(),
+              " values but the input has ", spatial_dims, " spatial dimensions; give 1 or ", spatial_dims, " values");
+  return values.size() == 1 ? std::vector<std::int64_t>(spatial_dims, values[0]) : values.vec();
+}
+
+namespace {
+
+void check_channels(const char* op, std::int64_t input_channels, at::IntArrayRef weight_size, std::int64_t groups,
+                    bool transposed) {
+  const std::int64_t out_channels = transposed ? weight_size[1] * groups : weight_size[0];
+  const std::int64_t per_group = transposed ? weight_size[0] / groups : weight_size[1];
+  TORCH_CHECK(weight_size[0] % groups == 0, op, ": weight's first dimension (", weight_size[0],
+              ") must be divisible by groups (", groups, ")");
+  TORCH_CHECK(input_channels == (transposed ? weight_size[0] : weight_size[1] * groups), op, ": input has ",
+              input_channels, " channels but weight of sizes ", weight_size, " with groups=", groups, " expects ",
+              transposed ? weight_size[0] : weight_size[1] * groups, "; check in_channels and groups");
+  TORCH_CHECK(out_channels > 0 && per_group > 0, op, ": weight of sizes ", weight_size, " is empty");
+}
+
+}  // namespace
+
+void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                   const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(input.dim() >= 3 && input.dim() <= 5, op, ": input must be 3-D (N, C, L), 4-D (N, C, H, W) or 5-D ",
+              "(N, C, D, H, W), got ", input.dim(), "-D with sizes ", input.sizes(),
+              "; add a batch dimension with input.unsqueeze(0)");
+  TORCH_CHECK(weight.dim() == input.dim(), op, ": weight must have as many dimensions as input (", input.dim(),
+              "), got sizes ", weight.sizes());
+  TORCH_CHECK(input.device() == weight.device(), op, ": input is on ", input.device(), " but weight is on ",
+              weight.device(), "; move both to one device");
+  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), op, ": input is ", input.scalar_type(), " but weight is ",
+              weight.scalar_type(), "; convert one with .to(dtype)");
+  cudnn_data_type(input.scalar_type(), "input");
+  if (bias && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1, op, ": bias must be 1-D, got sizes ", bias->sizes());
+    TORCH_CHECK(bias->device() == input.device() && bias->scalar_type() == input.scalar_type(), op,
+                ": bias must match input's device and dtype (", input.device(), ", ", input.scalar_type(), "), got ",
+                bias->device(), ", ", bias->scalar_type());
+  }
+}
+
+ConvolutionParams check_params(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               std::int64_t groups, bool transposed) {
+  const auto spatial_dims = static_cast<std::size_t>(input.dim() - 2);
+  ConvolutionParams params{per_spatial_dim(op, "stride", stride, spatial_dims),
+                           per_spatial_dim(op, "padding", padding, spatial_dims),
+                           per_spatial_dim(op, "dilation", dilation, spatial_dims), groups};
+  for (std::size_t i = 0; i < spatial_dims; ++i) {
+    TORCH_CHECK(params.stride[i] >= 1, op, ": stride must be >= 1, got ", stride);
+    TORCH_CHECK(params.padding[i] >= 0, op, ": padding must be >= 0, got ", padding);
+    TORCH_CHECK(params.dilation[i] >= 1, op, ": dilation must be >= 1, got ", dilation);
+  }
+  TORCH_CHECK(groups >= 1, op, ": groups must be >= 1, got ", groups);
+  check_channels(op, input.size(1), weight.sizes(), groups, transposed);
+  return params;
+}
+
+std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                                                  const ConvolutionParams& params) {
+  std::vector<std::int64_t> size{input_size[0], weight_size[0]};
+  for (std::size_t d = 2; d < input_size.size(); ++d) {
+    const auto s = d - 2;
+    const std::int64_t span = params.dilation[s] * (weight_size[d] - 1) + 1;
+    const std::int64_t padded = input_size[d] + 2 * params.padding[s];
+    TORCH_CHECK(padded >= span, "convolution: the kernel (", span, " wide with dilation) is larger than the padded ",
+                "input (", padded, ") in spatial dimension ", s, "; use a smaller kernel or dilation, or more padding");
+    size.push_back((padded - span) / params.stride[s] + 1);
+  }
+  return size;
+}
+
+std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                                                 const ConvolutionParams& params, at::IntArrayRef output_padding) {
+  std::vector<std::int64_t> size{input_size[0], weight_size[1] * params.groups};
+  for (std::size_t d = 2; d < input_size.size(); ++d) {
+    const auto s = d - 2;
+    TORCH_CHECK(output_padding[s] >= 0 &&
+                    (output_padding[s] < params.stride[s] || output_padding[s] < params.dilation[s]),
+                "convolution_transpose: output_padding must be smaller than stride or dilation, got ", output_padding);
+    size.push_back((input_size[d] - 1) * params.stride[s] - 2 * params.padding[s] +
+                   params.dilation[s] * (weight_size[d] - 1) + output_padding[s] + 1);
+    TORCH_CHECK(size.back() >= 1, "convolution_transpose: the output would be empty in spatial dimension ", s,
+                "; reduce padding");
+  }
+  return size;
+}
+
+at::MemoryFormat convolution_memory_format(const at::Tensor& a, const at::Tensor& b) {
+  const auto dims = a.dim();
+  // cuDNN has no channels-last algorithms for double; PyTorch keeps double contiguous too.
+  if ((dims != 4 && dims != 5) || a.scalar_type() == at::kDouble) return at::MemoryFormat::Contiguous;
+  const at::MemoryFormat channels_last = dims == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  const bool wants_channels_last =
+      a.suggest_memory_format() == channels_last || (b.dim() == dims && b.suggest_memory_format() == channels_last);
+  return wants_channels_last ? channels_last : at::MemoryFormat::Contiguous;
+}
+
+cudnnDataType_t cudnn_data_type(at::ScalarType type, const char* name) {
+  switch (type) {
+    case at::kFloat: return CUDNN_DATA_FLOAT;
+    case at::kHalf: return CUDNN_DATA_HALF;
+    case at::kBFloat16: return CUDNN_DATA_BFLOAT16;
+    case at::kDouble: return CUDNN_DATA_DOUBLE;
+    default:
+      TORCH_CHECK(false, "cudnn_cache: ", name, " has dtype ", type,
+                  "; cuDNN convolutions take float32, float16, bfloat16 or float64. Convert with .to(torch.float32)");
+  }
+}
+
+cudnnMathType_t cudnn_math_type(at::ScalarType type) {
+  switch (type) {
+    case at::kHalf:
+    case at::kBFloat16: return CUDNN_TENSOR_OP_MATH;
+    case at::kFloat: return at::globalContext().allowTF32CuDNN() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    default: return CUDNN_DEFAULT_MATH;
+  }
+}
+
+bool deterministic_requested() {
+  return at::globalContext().deterministicCuDNN() || at::globalContext().deterministicAlgorithms();
+}
+
+Problem make_problem(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const ConvolutionParams& params,
+                     at::MemoryFormat memory_format) {
+  const cudnnDataType_t type = cudnn_data_type(x.scalar_type(), "input");
+  const auto span = [](at::IntArrayRef values) { return IntSpan(values.data(), values.size()); };
+  const Layout layout = memory_format == at::MemoryFormat::Contiguous ? Layout::nchw : Layout::nhwc;
+  return rethrow([&] {
+    return Problem{make_convolution_key(
+        Direction::forward, make_tensor_key(type, span(x.sizes()), span(x.strides()), "input"),
+        make_filter_key(type, span(w.sizes()), layout), make_tensor_key(type, span(y.sizes()), span(y.strides()), "output"),
+        make_convolution_descriptor_key(params.padding, params.stride, params.dilation, params.groups,
+                                        CUDNN_CROSS_CORRELATION, default_compute_type(type),
+                                        cudnn_math_type(x.scalar_type())))};
+  });
+}
+
+Direction direction_from_string(const std::string& name) {
+  for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+    if (name == to_string(direction)) return direction;
+  }
+  TORCH_CHECK(false, "cudnn_cache: unknown direction '", name, "'; use 'forward', 'backward_data' or 'backward_filter'");
+}
+
+}  // namespace cudnn_cache::torch_ops

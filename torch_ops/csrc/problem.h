@@ -1,0 +1,87 @@
+#pragma once
+
+// Adapts PyTorch tensors and convolution arguments to the core's keys. Everything cuDNN-specific stays in
+// the core; this file only reads sizes, strides, dtypes and global settings off PyTorch.
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cudnn_cache/error.h"
+#include "cudnn_cache/key.h"
+
+namespace cudnn_cache::torch_ops {
+
+// Runs f, turning the core's Error into a TORCH_CHECK failure (a RuntimeError in Python) with its message.
+template <typename F>
+decltype(auto) rethrow(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const cudnn_cache::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+// Padding, stride and dilation with one value per spatial dimension, as the ops receive them. A single value
+// is repeated for every spatial dimension, as in torch.nn.functional.
+struct ConvolutionParams {
+  std::vector<std::int64_t> stride, padding, dilation;
+  std::int64_t groups = 1;
+};
+
+// Checks the arguments of a convolution (or, with `transposed`, a transposed convolution) of `input`
+// (N, C, *spatial) by `weight`, including channels against groups, and repeats single values; every failure
+// names the argument and what to pass instead.
+ConvolutionParams check_params(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               std::int64_t groups, bool transposed = false);
+
+// One value per spatial dimension: a single value is repeated; otherwise there must be exactly spatial_dims.
+std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::IntArrayRef values,
+                                          std::size_t spatial_dims);
+
+// Checks the tensors of a convolution: same device and dtype, a supported dtype, matching ranks.
+void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                   const std::optional<at::Tensor>& bias);
+
+// The output sizes of a convolution (transposed: of a transposed convolution, with its output padding).
+std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                                                  const ConvolutionParams& params);
+std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                                                 const ConvolutionParams& params, at::IntArrayRef output_padding);
+
+// The memory format cuDNN should see: channels-last when either tensor is (4-D and 5-D only, never double), as
+// PyTorch does.
+at::MemoryFormat convolution_memory_format(const at::Tensor& a, const at::Tensor& b);
+
+// cuDNN's data type for a PyTorch dtype; fails naming the dtype for anything but float, half, bfloat16, double.
+cudnnDataType_t cudnn_data_type(at::ScalarType type, const char* name);
+
+// The math type PyTorch would use: TF32 tensor ops for float only when torch.backends.cudnn.allow_tf32.
+cudnnMathType_t cudnn_math_type(at::ScalarType type);
+
+// Whether deterministic algorithms are required (torch.use_deterministic_algorithms or cudnn.deterministic).
+bool deterministic_requested();
+
+// A convolution problem in cuDNN's terms: y = conv(x, w). A transposed convolution of input I giving output O
+// is the problem x = O, y = I (it runs as backward-data).
+struct Problem {
+  ConvolutionKey key;  // direction forward; key_for() gives the others
+
+  ConvolutionKey key_for(Direction direction) const {
+    ConvolutionKey result = key;
+    result.direction = static_cast<std::int32_t>(direction);
+    return result;
+  }
+};
+
+// The problem of tensors x, w and y as cuDNN will see them (their sizes, strides and dtype).
+Problem make_problem(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const ConvolutionParams& params,
+                     at::MemoryFormat memory_format);
+
+// The direction named "forward", "backward_data" or "backward_filter".
+Direction direction_from_string(const std::string& name);
+
+}  // namespace cudnn_cache::torch_ops

@@ -1,0 +1,139 @@
+"""cudnn_cache: a persisted cuDNN algorithm cache for PyTorch.
+
+Tune each convolution once, save the rankings, and start later processes at tuned speed::
+
+    import cudnn_cache
+    model = cudnn_cache.convert(model)           # nn.Conv*d / nn.ConvTranspose*d -> cached modules
+    with cudnn_cache.persistent("convs.cache"):  # load if present; save atomically on exit
+        train(model)
+
+The ops live in torch.ops.cudnn_cache (usable from TorchScript and LibTorch); this package is a thin,
+documented layer over them.
+"""
+
+import contextlib
+import os
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from ._library import library_path, load_library
+
+load_library()
+
+from . import functional  # noqa: E402  (needs the ops registered)
+from .modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, convert  # noqa: E402
+
+__version__ = "0.1.0"
+FORMAT_VERSION = 1  # the cache file format this build writes (extension/include/cudnn_cache/checkpoint.h)
+
+_ops = torch.ops.cudnn_cache
+
+__all__ = [
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "clear", "conv_key",
+    "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill", "functional", "library_path",
+    "load", "miss_policy", "persistent", "query", "save", "set_miss_policy", "size", "stats",
+]
+
+
+def load(path: str) -> int:
+    """Merges the cache file at `path` into this process's cache and returns how many entries it held.
+
+    All or nothing: a truncated, corrupt, wrong-magic or newer-format file raises RuntimeError naming the file
+    and the reason, and the cache stays as it was.
+    """
+    return _ops.load(os.fspath(path))
+
+
+def save(path: str) -> None:
+    """Writes every entry of this process's cache to `path`, atomically (temp file, fsync, rename)."""
+    _ops.save(os.fspath(path))
+
+
+@contextlib.contextmanager
+def persistent(path: str) -> Iterator[None]:
+    """Loads `path` if it exists, and saves the cache to it atomically when the block exits (also when it
+    raises: what was tuned stays valid)."""
+    path = os.fspath(path)
+    if os.path.exists(path):
+        load(path)
+    try:
+        yield
+    finally:
+        save(path)
+
+
+def set_miss_policy(policy: str) -> None:
+    """What a convolution does when its key is not cached: 'tune' (default: time all algorithms now, store the
+    ranking), 'heuristic' (cuDNN's heuristic choice, not stored) or 'error' (raise, naming the key)."""
+    _ops.set_miss_policy(policy)
+
+
+def miss_policy() -> str:
+    """The current miss policy."""
+    return _ops.get_miss_policy()
+
+
+def stats() -> Dict[str, int]:
+    """Counters since start (or reset_stats): hits, misses, tunes, fallbacks; and entries now cached."""
+    return dict(_ops.stats())
+
+
+def reset_stats() -> None:
+    """Sets hits, misses, tunes and fallbacks back to zero."""
+    _ops.reset_stats()
+
+
+def size() -> int:
+    """Entries cached, for every GPU and cuDNN version."""
+    return _ops.size()
+
+
+def clear() -> None:
+    """Forgets every entry."""
+    _ops.clear()
+
+
+def describe_tensor(input: torch.Tensor) -> Tuple[str, Tuple[int, ...], Tuple[int, ...]]:
+    """(data type, dims, strides) of the cuDNN tensor descriptor cudnn_cache builds for `input`, read back
+    with cudnnGetTensorNdDescriptor. 1-D inputs (N, C, L) appear as (N, C, 1, L)."""
+    data_type, dims, strides = _ops.describe_tensor(input)
+    return data_type, tuple(dims), tuple(strides)
+
+
+def describe_filter(weight: torch.Tensor) -> Tuple[str, str, Tuple[int, ...]]:
+    """(data type, format, dims) of the cuDNN filter descriptor for `weight` (format NHWC when channels-last)."""
+    data_type, layout, dims = _ops.describe_filter(weight)
+    return data_type, layout, tuple(dims)
+
+
+def describe_convolution(stride: List[int], padding: List[int], dilation: List[int], groups: int,
+                         dtype: torch.dtype) -> Tuple:
+    """(padding, stride, dilation, groups, mode, compute type, math type) of the cuDNN convolution descriptor,
+    read back with the cuDNN getters."""
+    padding_, stride_, dilation_, groups_, mode, compute_type, math_type = _ops.describe_convolution(
+        stride, padding, dilation, groups, dtype)
+    return tuple(padding_), tuple(stride_), tuple(dilation_), groups_, mode, compute_type, math_type
+
+
+def conv_key(direction: str, input: torch.Tensor, weight: torch.Tensor, stride: List[int], padding: List[int],
+             dilation: List[int], groups: int = 1, transposed: bool = False,
+             output_padding: Optional[List[int]] = None) -> Tuple[int, ...]:
+    """The cache key of a convolution in one direction ('forward', 'backward_data', 'backward_filter'): a
+    tuple of ints, hashable, and the same in every process. Tensors may live on any device, meta included."""
+    return tuple(_ops.conv_key(direction, input, weight, stride, padding, dilation, groups, transposed,
+                               output_padding or []))
+
+
+def query(direction: str, key: Tuple[int, ...]) -> Optional[List[Dict]]:
+    """The ranked candidates cached for `key` on the current GPU (algorithm, status, time_ms, workspace_bytes,
+    deterministic, math_type), best first; None on a miss."""
+    found = _ops.query(direction, list(key))
+    return None if found is None else [dict(candidate) for candidate in found]
+
+
+def fill(input: torch.Tensor, weight: torch.Tensor, stride: List[int], padding: List[int], dilation: List[int],
+         groups: int = 1, transposed: bool = False, output_padding: Optional[List[int]] = None) -> int:
+    """Tunes forward, backward-data and backward-filter of this convolution now, on CUDA tensors shaped like
+    these, and stores the rankings. Returns the number of directions tuned."""
+    return _ops.fill(input, weight, stride, padding, dilation, groups, transposed, output_padding or [])

@@ -1,0 +1,97 @@
+"""Cached convolutions with the signatures of torch.nn.functional.conv* and conv_transpose*."""
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IntOrSequence = Union[int, Sequence[int]]
+
+
+def _expand(value: IntOrSequence, spatial_dims: int, name: str) -> List[int]:
+    values = [value] * spatial_dims if isinstance(value, int) else list(value)
+    if len(values) != spatial_dims:
+        raise ValueError(f"{name} must be an int or {spatial_dims} ints, got {value!r}")
+    return [int(v) for v in values]
+
+
+def same_padding(kernel_size: Sequence[int], dilation: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """Symmetric padding for padding='same', plus the extra right-side padding (in F.pad order, last
+    dimension first) that an even dilated kernel needs, exactly as PyTorch pads for 'same'."""
+    symmetric, extra = [], []
+    for k, d in zip(kernel_size, dilation):
+        total = d * (k - 1)
+        symmetric.append(total // 2)
+    for k, d in zip(reversed(list(kernel_size)), reversed(list(dilation))):
+        total = d * (k - 1)
+        extra += [0, total - 2 * (total // 2)]
+    return symmetric, extra
+
+
+def _convolution(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOrSequence,
+                 padding: Union[str, IntOrSequence], dilation: IntOrSequence, groups: int) -> Tensor:
+    spatial_dims = weight.dim() - 2
+    stride = _expand(stride, spatial_dims, "stride")
+    dilation = _expand(dilation, spatial_dims, "dilation")
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = [0] * spatial_dims
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError("padding='same' is not supported for strided convolutions; pass explicit padding")
+            padding, extra = same_padding(weight.shape[2:], dilation)
+            if any(extra):
+                input = F.pad(input, extra)
+        else:
+            raise ValueError(f"padding must be 'valid', 'same' or ints, got {padding!r}")
+    padding = _expand(padding, spatial_dims, "padding")
+    return torch.ops.cudnn_cache.convolution(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
+           padding: Union[str, IntOrSequence] = 0, dilation: IntOrSequence = 1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv1d through the cache."""
+    return _convolution(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
+           padding: Union[str, IntOrSequence] = 0, dilation: IntOrSequence = 1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv2d through the cache."""
+    return _convolution(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
+           padding: Union[str, IntOrSequence] = 0, dilation: IntOrSequence = 1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv3d through the cache."""
+    return _convolution(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _convolution_transpose(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOrSequence,
+                           padding: IntOrSequence, output_padding: IntOrSequence, groups: int,
+                           dilation: IntOrSequence) -> Tensor:
+    spatial_dims = weight.dim() - 2
+    return torch.ops.cudnn_cache.convolution_transpose(
+        input, weight, bias, _expand(stride, spatial_dims, "stride"), _expand(padding, spatial_dims, "padding"),
+        _expand(output_padding, spatial_dims, "output_padding"), _expand(dilation, spatial_dims, "dilation"), groups)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
+                     padding: IntOrSequence = 0, output_padding: IntOrSequence = 0, groups: int = 1,
+                     dilation: IntOrSequence = 1) -> Tensor:
+    """torch.nn.functional.conv_transpose1d through the cache."""
+    return _convolution_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
+                     padding: IntOrSequence = 0, output_padding: IntOrSequence = 0, groups: int = 1,
+                     dilation: IntOrSequence = 1) -> Tensor:
+    """torch.nn.functional.conv_transpose2d through the cache."""
+    return _convolution_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
+                     padding: IntOrSequence = 0, output_padding: IntOrSequence = 0, groups: int = 1,
+                     dilation: IntOrSequence = 1) -> Tensor:
+    """torch.nn.functional.conv_transpose3d through the cache."""
+    return _convolution_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation)
