@@ -1,9 +1,43 @@
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+TORCH_OPS = ROOT / "torch_ops"
+
+# `import cudnn_cache` from the source tree, without installing it (it finds the ops library in the build).
+if str(TORCH_OPS) not in sys.path:
+    sys.path.insert(0, str(TORCH_OPS))
+
+
+def pytest_configure(config):
+    # Also declared in the repository's pytest.ini; registering here keeps the marker known when pytest is
+    # started with another rootdir or config.
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where torch.cuda.is_available() is False)")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = f"no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__})"
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def child_env() -> dict:
+    """The environment for a child Python process that must `import cudnn_cache` from the source tree."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TORCH_OPS), env.get("PYTHONPATH")]))
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +47,41 @@ def build_dir() -> pathlib.Path:
     if not (path / "cudnn_cache_tool").exists():
         pytest.fail(f"{path}/cudnn_cache_tool is missing: run scripts/build.sh first")
     return path
+
+
+@pytest.fixture
+def cache_state():
+    """Restores the process-wide cache state a test may change: the miss policy, the entries (cleared
+    before and after) and the counters."""
+    import cudnn_cache
+
+    policy = cudnn_cache.miss_policy()
+    cudnn_cache.clear()
+    cudnn_cache.reset_stats()
+    yield cudnn_cache
+    cudnn_cache.set_miss_policy(policy)
+    cudnn_cache.clear()
+    cudnn_cache.reset_stats()
+
+
+@pytest.fixture
+def torch_flags():
+    """Restores the global torch flags a test may change: cuDNN TF32, determinism, benchmark mode."""
+    import torch
+
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+     deterministic, warn_only) = saved
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+@pytest.fixture(scope="session")
+def tool(build_dir):
+    """Runs cudnn_cache_tool with the given arguments; returns the CompletedProcess (text output)."""
+
+    def run(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([str(build_dir / "cudnn_cache_tool"), *map(str, args)], capture_output=True, text=True)
+
+    return run

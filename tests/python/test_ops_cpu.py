@@ -1,0 +1,601 @@
+"""The cudnn_cache ops and package without a GPU: descriptor round trips, keys, numerics and gradients of the
+CPU kernels against torch, the cached modules and convert(), TorchScript, opcheck, meta tensors, argument
+errors, and the cache-file API (with files written by cudnn_cache_tool, since nothing is tuned on a CPU)."""
+
+import json
+import subprocess
+import sys
+from typing import List
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import cudnn_cache
+
+ops = torch.ops.cudnn_cache
+
+CL, CL3D = torch.channels_last, torch.channels_last_3d
+
+
+def randn(*sizes, dtype=torch.float64, memory_format=torch.contiguous_format, seed=0) -> Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(sizes, dtype=dtype, generator=generator).contiguous(memory_format=memory_format)
+
+
+# --- Descriptor round trips -----------------------------------------------------------------------------------
+# Expected values by hand: strides in elements; 1-D tensors are carried as (N, C, 1, L) with the size-1
+# dimension's stride set to what a packed tensor would have (Note [Canonical keys]).
+
+@pytest.mark.parametrize("tensor, expected", [
+    pytest.param(torch.empty(2, 4, 8, 8), ("float", (2, 4, 8, 8), (256, 64, 8, 1)), id="contiguous"),
+    pytest.param(torch.empty(2, 4, 8, 8, memory_format=CL), ("float", (2, 4, 8, 8), (256, 1, 32, 4)),
+                 id="channels_last"),
+    pytest.param(torch.empty(2, 4, 10), ("float", (2, 4, 1, 10), (40, 10, 10, 1)), id="1d_as_nc1l"),
+    pytest.param(torch.empty(2, 4, 5, 6, 7), ("float", (2, 4, 5, 6, 7), (840, 210, 42, 7, 1)), id="5d"),
+    pytest.param(torch.empty(2, 4, 5, 6, 7, memory_format=CL3D), ("float", (2, 4, 5, 6, 7), (840, 1, 168, 28, 4)),
+                 id="channels_last_3d"),
+    pytest.param(torch.empty(2, 4, 8, 8, dtype=torch.half), ("half", (2, 4, 8, 8), (256, 64, 8, 1)), id="half"),
+    pytest.param(torch.empty(2, 4, 8, 8, dtype=torch.bfloat16), ("bfloat16", (2, 4, 8, 8), (256, 64, 8, 1)),
+                 id="bfloat16"),
+    pytest.param(torch.empty(2, 4, 8, 8, dtype=torch.double), ("double", (2, 4, 8, 8), (256, 64, 8, 1)),
+                 id="double"),
+    pytest.param(torch.empty(2, 4, 8, 8)[:, :, ::2], ("float", (2, 4, 4, 8), (256, 64, 16, 1)), id="strided_slice"),
+    # One channel: the layout is ambiguous, so it is keyed as NCHW (C's stride becomes H * W).
+    pytest.param(torch.empty(2, 1, 8, 8, memory_format=CL), ("float", (2, 1, 8, 8), (64, 64, 8, 1)),
+                 id="one_channel_channels_last"),
+])
+def test_describe_tensor(tensor, expected):
+    assert cudnn_cache.describe_tensor(tensor) == expected
+
+
+@pytest.mark.parametrize("weight, expected", [
+    pytest.param(torch.empty(6, 4, 3, 3), ("float", "NCHW", (6, 4, 3, 3)), id="contiguous"),
+    pytest.param(torch.empty(6, 4, 3, 3, memory_format=CL), ("float", "NHWC", (6, 4, 3, 3)), id="channels_last"),
+    pytest.param(torch.empty(6, 4, 3), ("float", "NCHW", (6, 4, 1, 3)), id="1d_as_nc1l"),
+    pytest.param(torch.empty(6, 4, 3, 2, 1), ("float", "NCDHW", (6, 4, 3, 2, 1)), id="5d"),
+    pytest.param(torch.empty(6, 4, 3, 2, 2, memory_format=CL3D), ("float", "NDHWC", (6, 4, 3, 2, 2)),
+                 id="channels_last_3d"),
+    pytest.param(torch.empty(6, 4, 3, 3, dtype=torch.half), ("half", "NCHW", (6, 4, 3, 3)), id="half"),
+    pytest.param(torch.empty(6, 4, 3, 3, dtype=torch.bfloat16, memory_format=CL), ("bfloat16", "NHWC", (6, 4, 3, 3)),
+                 id="bfloat16_channels_last"),
+    pytest.param(torch.empty(6, 4, 3, 3, dtype=torch.double), ("double", "NCHW", (6, 4, 3, 3)), id="double"),
+    # cuDNN has no NHWC algorithms for double: float64 stays NCHW, as in PyTorch.
+    pytest.param(torch.empty(6, 4, 3, 3, dtype=torch.double, memory_format=CL), ("double", "NCHW", (6, 4, 3, 3)),
+                 id="double_channels_last"),
+])
+def test_describe_filter(weight, expected):
+    assert cudnn_cache.describe_filter(weight) == expected
+
+
+@pytest.mark.parametrize("args, tf32, expected", [
+    pytest.param(([1, 2], [0, 1], [1, 1], 1, torch.float32), False,
+                 ((0, 1), (1, 2), (1, 1), 1, "cross-correlation", "float", "fma"), id="float32_fma"),
+    pytest.param(([1, 2], [0, 1], [1, 1], 1, torch.float32), True,
+                 ((0, 1), (1, 2), (1, 1), 1, "cross-correlation", "float", "tensor-op"), id="float32_tf32"),
+    # 1-D: padding, stride and dilation (0, p), (1, s), (1, d).
+    pytest.param(([2], [1], [3], 2, torch.float32), False,
+                 ((0, 1), (1, 2), (1, 3), 2, "cross-correlation", "float", "fma"), id="1d_groups"),
+    pytest.param(([1, 2, 3], [0, 1, 2], [1, 1, 2], 4, torch.float64), True,
+                 ((0, 1, 2), (1, 2, 3), (1, 1, 2), 4, "cross-correlation", "double", "default"), id="3d_double"),
+    # Half and bfloat16 compute in float and always use tensor ops, whatever allow_tf32 says.
+    pytest.param(([1, 1], [1, 1], [2, 2], 1, torch.float16), False,
+                 ((1, 1), (1, 1), (2, 2), 1, "cross-correlation", "float", "tensor-op"), id="half"),
+    pytest.param(([1, 1], [1, 1], [1, 1], 8, torch.bfloat16), False,
+                 ((1, 1), (1, 1), (1, 1), 8, "cross-correlation", "float", "tensor-op"), id="bfloat16"),
+])
+def test_describe_convolution(args, tf32, expected, torch_flags):
+    torch.backends.cudnn.allow_tf32 = tf32
+    assert cudnn_cache.describe_convolution(*args) == expected
+
+
+# --- Keys -----------------------------------------------------------------------------------------------------
+
+def make_key(direction="forward", input_size=(2, 4, 8, 8), weight_size=(6, 4, 3, 3), dtype=torch.float32,
+             memory_format=torch.contiguous_format, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1,
+             device="cpu"):
+    x = torch.randn(input_size, dtype=dtype, device=device).contiguous(memory_format=memory_format)
+    w = torch.randn(weight_size, dtype=dtype, device=device).contiguous(memory_format=memory_format)
+    return cudnn_cache.conv_key(direction, x, w, list(stride), list(padding), list(dilation), groups)
+
+
+def test_conv_key_is_a_hashable_tuple_of_47_ints():
+    key = make_key()
+    assert isinstance(key, tuple) and len(key) == 47
+    assert all(type(word) is int for word in key)
+    assert {key: "found"}[make_key()] == "found"
+
+
+def test_conv_key_is_equal_for_equal_problems():
+    key = make_key()
+    assert make_key() == key  # other tensor values, same problem
+    assert make_key(device="meta") == key
+    # The kernels hand cuDNN a packed copy of a non-contiguous input, so it has the packed input's key.
+    sliced = torch.randn(2, 4, 16, 8)[:, :, ::2]
+    assert cudnn_cache.conv_key("forward", sliced, torch.randn(6, 4, 3, 3), [1, 1], [1, 1], [1, 1]) == key
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_conv_key_differs_by_every_part_of_the_problem(tf32, torch_flags):
+    torch.backends.cudnn.allow_tf32 = tf32
+    variants = {
+        "base": {}, "backward_data": dict(direction="backward_data"),
+        "backward_filter": dict(direction="backward_filter"), "half": dict(dtype=torch.half),
+        "double": dict(dtype=torch.double), "channels_last": dict(memory_format=CL), "stride": dict(stride=(2, 1)),
+        "padding": dict(padding=(0, 1)), "dilation": dict(dilation=(1, 2)), "batch": dict(input_size=(3, 4, 8, 8)),
+        "groups": dict(weight_size=(6, 2, 3, 3), groups=2), "kernel": dict(weight_size=(6, 4, 3, 1)),
+    }
+    keys = {name: make_key(**kwargs) for name, kwargs in variants.items()}
+    assert len(set(keys.values())) == len(keys), keys
+    for index, direction in enumerate(["forward", "backward_data", "backward_filter"]):
+        assert keys.get(direction, keys["base"])[0] == index
+
+
+def test_conv_key_depends_on_tf32_for_float32_only(torch_flags):
+    keys = {}
+    for tf32 in (False, True):
+        torch.backends.cudnn.allow_tf32 = tf32
+        keys[tf32] = make_key(), make_key(dtype=torch.half)
+    assert keys[False][0] != keys[True][0]
+    assert keys[False][1] == keys[True][1]
+
+
+def test_conv_key_of_1d_is_the_2d_key_with_unit_height():
+    x, w = torch.randn(2, 4, 10), torch.randn(6, 4, 3)
+    key = cudnn_cache.conv_key("forward", x, w, [2], [1], [3])
+    assert key == cudnn_cache.conv_key("forward", x.unsqueeze(2), w.unsqueeze(2), [1, 2], [0, 1], [1, 3])
+
+
+def test_transposed_key_is_the_backward_data_key_of_the_matching_convolution():
+    # conv_transpose2d of (2, 6, 4, 4) by (6, 4, 3, 3), stride 2, padding 1, output_padding 1 gives (2, 4, 8, 8):
+    # the backward-data of the convolution (2, 4, 8, 8) -> (2, 6, 4, 4).
+    weight = torch.randn(6, 4, 3, 3)
+    transposed = cudnn_cache.conv_key("backward_data", torch.randn(2, 6, 4, 4), weight, [2, 2], [1, 1], [1, 1],
+                                      transposed=True, output_padding=[1, 1])
+    assert transposed == cudnn_cache.conv_key("backward_data", torch.randn(2, 4, 8, 8), weight, [2, 2], [1, 1],
+                                              [1, 1])
+
+
+KEY_SCRIPT = """
+import json, torch, cudnn_cache
+torch.backends.cudnn.allow_tf32 = {tf32}
+x, w = torch.randn({input_size}), torch.randn({weight_size})
+print(json.dumps(cudnn_cache.conv_key("{direction}", x, w, {stride}, {padding}, {dilation}, {groups})))
+"""
+
+
+@pytest.mark.parametrize("problem", [
+    dict(direction="forward", input_size=(2, 4, 8, 8), weight_size=(6, 4, 3, 3), stride=[1, 1], padding=[1, 1],
+         dilation=[1, 1], groups=1),
+    dict(direction="backward_filter", input_size=(1, 4, 5, 6, 7), weight_size=(8, 2, 3, 3, 3), stride=[2, 1, 1],
+         padding=[0, 1, 1], dilation=[1, 1, 2], groups=2),
+], ids=["2d", "3d"])
+def test_conv_key_is_the_same_in_another_process(problem, child_env, torch_flags):
+    torch.backends.cudnn.allow_tf32 = False
+    script = KEY_SCRIPT.format(tf32=False, **problem)
+    result = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    here = cudnn_cache.conv_key(problem["direction"], torch.randn(problem["input_size"]),
+                                torch.randn(problem["weight_size"]), problem["stride"], problem["padding"],
+                                problem["dilation"], problem["groups"])
+    assert tuple(json.loads(result.stdout)) == here
+
+
+# --- Numerics of the CPU kernels against torch.nn.functional --------------------------------------------------
+# float64, so the comparison is tight; every case checks the output and the input, weight and bias gradients.
+
+FUNCTIONAL_CASES = [
+    pytest.param("conv1d", (2, 4, 11), (6, 4, 3), dict(stride=2, padding=1), id="conv1d_stride"),
+    pytest.param("conv1d", (2, 4, 11), (6, 2, 4), dict(padding="same", dilation=3, groups=2),
+                 id="conv1d_same_odd_span_groups"),
+    pytest.param("conv2d", (2, 4, 9, 10), (6, 2, 3, 3), dict(groups=2, dilation=2, padding=(1, 2)),
+                 id="conv2d_groups_dilation"),
+    pytest.param("conv2d", (2, 4, 9, 10), (4, 1, 3, 3), dict(groups=4, stride=(2, 1), padding=1),
+                 id="conv2d_depthwise_stride"),
+    pytest.param("conv2d", (2, 4, 9, 10), (6, 4, 4, 2), dict(padding="same"), id="conv2d_same_even_kernel"),
+    pytest.param("conv2d", (2, 4, 9, 10), (6, 4, 3, 3), dict(padding="valid"), id="conv2d_valid"),
+    pytest.param("conv2d", (2, 4, 9, 10, CL), (6, 4, 3, 3), dict(padding=1, stride=2), id="conv2d_channels_last"),
+    pytest.param("conv3d", (2, 4, 5, 6, 7), (6, 2, 3, 2, 3), dict(groups=2, stride=(1, 2, 1), padding=(1, 0, 1)),
+                 id="conv3d_groups_stride"),
+    pytest.param("conv3d", (2, 4, 5, 6, 7), (6, 4, 2, 2, 2), dict(padding="same", dilation=(1, 2, 1)),
+                 id="conv3d_same_even_kernel"),
+    pytest.param("conv3d", (1, 4, 5, 6, 7, CL3D), (6, 4, 3, 3, 3), dict(padding=1), id="conv3d_channels_last_3d"),
+    pytest.param("conv_transpose1d", (2, 4, 7), (4, 3, 3), dict(stride=2, padding=1, output_padding=1),
+                 id="conv_transpose1d_output_padding"),
+    pytest.param("conv_transpose2d", (2, 4, 5, 6), (4, 3, 3, 3),
+                 dict(stride=2, padding=1, output_padding=1, groups=2, dilation=2), id="conv_transpose2d_groups"),
+    pytest.param("conv_transpose2d", (2, 4, 5, 6, CL), (4, 1, 3, 3), dict(groups=4, stride=(1, 2)),
+                 id="conv_transpose2d_depthwise_channels_last"),
+    pytest.param("conv_transpose3d", (2, 4, 3, 4, 5), (4, 2, 2, 3, 2), dict(stride=(2, 1, 2), padding=(0, 1, 1)),
+                 id="conv_transpose3d_stride"),
+]
+
+
+def bias_size(name, weight_size, kwargs):
+    return weight_size[1] * kwargs.get("groups", 1) if "transpose" in name else weight_size[0]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")  # torch's own, for F.conv
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("name, input_size, weight_size, kwargs", FUNCTIONAL_CASES)
+def test_functional_matches_torch(name, input_size, weight_size, kwargs, with_bias):
+    memory_format = input_size[-1] if isinstance(input_size[-1], torch.memory_format) else torch.contiguous_format
+    input_size = [s for s in input_size if isinstance(s, int)]
+    x = randn(*input_size, memory_format=memory_format, seed=1)
+    w = randn(*weight_size, seed=2)
+    b = randn(bias_size(name, weight_size, kwargs), seed=3) if with_bias else None
+
+    results = []
+    for conv in (getattr(cudnn_cache.functional, name), getattr(F, name)):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b) if t is not None]
+        output = conv(*leaves, **kwargs) if with_bias else conv(*leaves, None, **kwargs)
+        output.backward(randn(*output.shape, seed=4))
+        results.append([output.detach()] + [leaf.grad for leaf in leaves])
+    ours, theirs = results
+    assert ours[0].shape == theirs[0].shape
+    for actual, expected, what in zip(ours, theirs, ["output", "grad input", "grad weight", "grad bias"]):
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("op, args, native", [
+    pytest.param(ops.convolution, ([2], [1], [1], 1), lambda x, w: F.conv2d(x, w, stride=2, padding=1),
+                 id="convolution"),
+    pytest.param(ops.convolution_transpose, ([2], [1], [1], [1], 1),
+                 lambda x, w: F.conv_transpose2d(x, w.transpose(0, 1), stride=2, padding=1, output_padding=1),
+                 id="convolution_transpose"),
+])
+def test_single_values_are_repeated_for_every_spatial_dimension(op, args, native):
+    x, w = randn(2, 4, 7, 8), randn(6, 4, 3, 3)
+    weight = w if op is ops.convolution else w.transpose(0, 1).contiguous()
+    torch.testing.assert_close(op(x, weight, None, *args), native(x, w))
+
+
+@pytest.mark.parametrize("op, args", [
+    pytest.param(ops.convolution, ([2, 1], [1, 0], [1, 2], 2), id="convolution"),
+    pytest.param(ops.convolution_transpose, ([2, 1], [1, 0], [1, 0], [1, 2], 2), id="convolution_transpose"),
+])
+def test_gradcheck(op, args):
+    x = randn(1, 4, 5, 6).requires_grad_()
+    w = randn(4, 2, 3, 2, seed=1).requires_grad_()
+    b = randn(4, seed=2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *t: op(*t, *args), (x, w, b))
+
+
+# --- Modules, convert() and TorchScript ------------------------------------------------------------------------
+
+class Zoo(nn.Module):
+    """One of each convolution module, each on its own input, plus a nested one."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(4, 6, 3, padding=1, padding_mode="reflect")
+        self.c2 = nn.Conv2d(4, 6, 4, padding="same", groups=2)
+        self.c3 = nn.Conv3d(4, 6, 3, stride=2, padding=1)
+        self.t1 = nn.ConvTranspose1d(4, 6, 3, stride=2, output_padding=1)
+        self.t2 = nn.ConvTranspose2d(4, 6, 3, groups=2, dilation=2, padding=1)
+        self.t3 = nn.ConvTranspose3d(4, 6, 2, stride=2, bias=False)
+        self.head = nn.Sequential(nn.Conv2d(6, 2, 1), nn.ReLU())
+
+    def forward(self, x1: Tensor, x2: Tensor, x3: Tensor) -> List[Tensor]:
+        return [self.c1(x1), self.head(self.c2(x2)), self.c3(x3), self.t1(x1), self.t2(x2), self.t3(x3)]
+
+
+ZOO_TYPES = {  # submodule: (its class after convert(), its class before)
+    "c1": (cudnn_cache.Conv1d, nn.Conv1d), "c2": (cudnn_cache.Conv2d, nn.Conv2d), "c3": (cudnn_cache.Conv3d, nn.Conv3d),
+    "t1": (cudnn_cache.ConvTranspose1d, nn.ConvTranspose1d), "t2": (cudnn_cache.ConvTranspose2d, nn.ConvTranspose2d),
+    "t3": (cudnn_cache.ConvTranspose3d, nn.ConvTranspose3d), "head.0": (cudnn_cache.Conv2d, nn.Conv2d),
+}
+
+
+def zoo_inputs():
+    return randn(2, 4, 9, seed=1), randn(2, 4, 7, 8, seed=2), randn(2, 4, 5, 6, 5, seed=3)
+
+
+def make_zoo():
+    torch.manual_seed(0)
+    return Zoo().double()
+
+
+def test_convert_keeps_outputs_parameters_and_state_dict():
+    model = make_zoo()
+    inputs = zoo_inputs()
+    with torch.no_grad():
+        expected = model(*inputs)
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    parameters = dict(model.named_parameters())
+
+    assert cudnn_cache.convert(model) is model
+
+    for name, (cached_type, torch_type) in ZOO_TYPES.items():
+        module = model.get_submodule(name)
+        assert type(module) is cached_type and isinstance(module, torch_type), name
+    assert list(model.state_dict()) == list(state)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, state[name]), name
+    assert dict(model.named_parameters()).keys() == parameters.keys()
+    for name, parameter in model.named_parameters():
+        assert parameter is parameters[name], name
+    with torch.no_grad():
+        actual = model(*inputs)
+    for name, a, e in zip(["c1", "c2", "c3", "t1", "t2", "t3"], actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+
+
+def test_convert_swaps_a_bare_module_and_leaves_subclasses_alone():
+    class MyConv(nn.Conv2d):
+        pass
+
+    assert type(cudnn_cache.convert(nn.Conv2d(2, 2, 1))) is cudnn_cache.Conv2d
+    model = cudnn_cache.convert(nn.Sequential(MyConv(2, 2, 1), nn.Conv2d(2, 2, 1)))
+    assert type(model[0]) is MyConv and type(model[1]) is cudnn_cache.Conv2d
+
+
+def training_step(model, inputs):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    loss = sum(output.square().mean() for output in model(*inputs))
+    loss.backward()
+    optimizer.step()
+
+
+def test_torchscript_model_saves_loads_and_trains_like_eager(tmp_path):
+    eager = cudnn_cache.convert(make_zoo())
+    path = tmp_path / "zoo.pt"
+    torch.jit.script(eager).save(str(path))
+    scripted = torch.jit.load(str(path))
+
+    graph = str(scripted.inlined_graph)
+    assert graph.count("cudnn_cache::convolution(") == 4  # c1, c2, c3, head.0
+    assert graph.count("cudnn_cache::convolution_transpose(") == 3
+    assert "aten::conv" not in graph and "aten::_convolution" not in graph
+
+    inputs = zoo_inputs()
+    for e, s in zip(eager(*inputs), scripted(*inputs)):
+        torch.testing.assert_close(s, e, rtol=0, atol=0)
+
+    initial = {name: p.detach().clone() for name, p in eager.named_parameters()}
+    training_step(eager, inputs)
+    training_step(scripted, inputs)
+    scripted_parameters = dict(scripted.named_parameters())
+    assert scripted_parameters.keys() == initial.keys()
+    for name, parameter in eager.named_parameters():
+        assert not torch.equal(parameter, initial[name]), f"{name} did not change"
+        torch.testing.assert_close(scripted_parameters[name], parameter, rtol=1e-12, atol=1e-12,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+# --- opcheck and meta tensors ----------------------------------------------------------------------------------
+# opcheck's default tests all apply on the CPU: the schema (mutation and aliasing), the autograd registration,
+# the fake (meta) kernels against the real ones, and AOT dispatch with dynamic shapes.
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("op, input_size, weight_size, with_bias, args", [
+    pytest.param("convolution", (2, 4, 9), (6, 2, 3), True, ([2], [1], [1], 2), id="conv_1d"),
+    pytest.param("convolution", (2, 4, 7, 8), (6, 4, 3, 3), False, ([1, 2], [1, 0], [2, 1], 1), id="conv_2d"),
+    pytest.param("convolution", (2, 4, 7, 8, CL), (6, 4, 3, 3), True, ([1], [1], [1], 1), id="conv_channels_last"),
+    pytest.param("convolution", (1, 4, 5, 6, 5), (4, 1, 2, 3, 2), True, ([1], [0], [1], 4), id="conv_3d_depthwise"),
+    pytest.param("convolution_transpose", (2, 4, 5, 6), (4, 3, 3, 3), True, ([2], [1], [1], [1], 2),
+                 id="transpose_2d"),
+    pytest.param("convolution_transpose", (2, 4, 7), (4, 6, 3), False, ([1], [0], [0], [2], 1), id="transpose_1d"),
+    pytest.param("convolution_transpose", (1, 4, 3, 4, 3), (4, 2, 2, 2, 2), True, ([2], [0], [0], [1], 1),
+                 id="transpose_3d"),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck(op, input_size, weight_size, with_bias, args, dtype):
+    memory_format = input_size[-1] if isinstance(input_size[-1], torch.memory_format) else torch.contiguous_format
+    input_size = [s for s in input_size if isinstance(s, int)]
+    x = randn(*input_size, dtype=dtype, memory_format=memory_format).requires_grad_()
+    w = randn(*weight_size, dtype=dtype, seed=1).requires_grad_()
+    out_channels = weight_size[1] * args[-1] if op == "convolution_transpose" else weight_size[0]
+    b = randn(out_channels, dtype=dtype, seed=2).requires_grad_() if with_bias else None
+    torch.library.opcheck(getattr(ops, op).default, (x, w, b, *args), test_utils=OPCHECK_UTILS)
+
+
+@pytest.mark.parametrize("op, input_size, weight_size, args, expected_size", [
+    # (9 + 2 - 3) // 2 + 1 = 5 and (10 + 0 - 5) // 1 + 1 = 6
+    pytest.param(ops.convolution, (2, 4, 9, 10), (6, 2, 3, 3), ([2, 1], [1, 0], [1, 2], 2), (2, 6, 5, 6), id="2d"),
+    pytest.param(ops.convolution, (3, 4, 11), (8, 4, 3), ([2], [0], [1], 1), (3, 8, 5), id="1d"),
+    pytest.param(ops.convolution, (1, 4, 5, 6, 7), (8, 1, 3, 3, 3), ([1], [1], [1], 4), (1, 8, 5, 6, 7), id="3d"),
+    # (5 - 1) * 2 - 2 + 2 + 1 + 1 = 10 and (6 - 1) * 2 - 2 + 2 + 1 + 1 = 12; channels 3 * groups
+    pytest.param(ops.convolution_transpose, (2, 4, 5, 6), (4, 3, 3, 3), ([2], [1], [1], [1], 2), (2, 6, 10, 12),
+                 id="transpose_2d"),
+])
+def test_meta_tensors_give_the_output_size(op, input_size, weight_size, args, expected_size):
+    x = torch.empty(input_size, device="meta")
+    output = op(x, torch.empty(weight_size, device="meta"), None, *args)
+    assert output.device.type == "meta"
+    assert tuple(output.shape) == expected_size
+
+
+def test_meta_convolution_keeps_channels_last():
+    x = torch.empty(2, 4, 9, 10, device="meta", memory_format=CL)
+    output = ops.convolution(x, torch.empty(6, 4, 3, 3, device="meta"), None, [1], [1], [1], 1)
+    assert output.shape == (2, 6, 9, 10) and output.is_contiguous(memory_format=CL)
+
+
+# The CPU kernels used to return the layout ATen's CPU convolution happened to pick (contiguous for a backward op
+# whose first tensor is channels-last and whose second is not, and for float64 channels_last_3d), not the one the
+# Meta kernels declare, and torch.compile failed its stride assertions. opcheck does not compare strides.
+def stride_cases():
+    for dims in (2, 3):
+        spatial, kernel = (7, 8, 9)[-dims:], [3] * dims
+        ops_and_sizes = {  # op: (call, size of the first tensor, size of the second)
+            "convolution": (lambda a, b: ops.convolution(a, b, None, [1], [1], [1], 1), (2, 4, *spatial),
+                            (6, 4, *kernel)),
+            "convolution_transpose": (lambda a, b: ops.convolution_transpose(a, b, None, [2], [1], [1], [1], 1),
+                                      (2, 4, *spatial), (4, 3, *kernel)),
+            "_convolution_backward_input": (
+                lambda a, b: ops._convolution_backward_input(a, b, [2, 4, *a.shape[2:]], [1], [1], [1], 1),
+                (2, 6, *spatial), (6, 4, *kernel)),
+            "_convolution_backward_weight": (
+                lambda a, b: ops._convolution_backward_weight(a, b, [6, 4, *([3] * (a.dim() - 2))], [1], [1], [1], 1),
+                (2, 6, *spatial), (2, 4, *spatial)),
+        }
+        for name, (call, a_size, b_size) in ops_and_sizes.items():
+            for a_last in (False, True):
+                for b_last in (False, True):
+                    layout = f"{'cl' if a_last else 'contiguous'}-{'cl' if b_last else 'contiguous'}"
+                    yield pytest.param(call, a_size, b_size, a_last, b_last, id=f"{name}-{dims}d-{layout}")
+
+
+@pytest.mark.parametrize("call, a_size, b_size, a_last, b_last", list(stride_cases()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_meta_kernels_give_the_cpu_kernels_strides(call, a_size, b_size, a_last, b_last, dtype):
+    """torch.compile traces with the Meta kernels and asserts that the real outputs have their strides."""
+    def make(size, channels_last, device):
+        format = (CL if len(size) == 4 else CL3D) if channels_last else torch.contiguous_format
+        return torch.ones(size, dtype=dtype, device=device).contiguous(memory_format=format)
+
+    real = call(make(a_size, a_last, "cpu"), make(b_size, b_last, "cpu"))
+    meta = call(make(a_size, a_last, "meta"), make(b_size, b_last, "meta"))
+    assert (meta.shape, meta.stride()) == (real.shape, real.stride())
+
+
+# --- Argument errors -------------------------------------------------------------------------------------------
+
+X, W = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+
+
+@pytest.mark.parametrize("call, match", [
+    pytest.param(lambda: ops.convolution(X, torch.randn(6, 3, 3, 3), None, [1], [0], [1], 1),
+                 r"input has 4 channels.*groups", id="channels"),
+    pytest.param(lambda: ops.convolution(X, W, None, [1], [0], [1], 2), r"expects 8.*check in_channels and groups",
+                 id="groups_mismatch"),
+    pytest.param(lambda: ops.convolution(X, torch.randn(5, 2, 3, 3), None, [1], [0], [1], 2),
+                 r"divisible by groups", id="groups_divisibility"),
+    pytest.param(lambda: ops.convolution(X.long(), W.long(), None, [1], [0], [1], 1),
+                 r"dtype Long.*float32, float16, bfloat16 or float64", id="int64"),
+    pytest.param(lambda: ops.convolution(X, W.double(), None, [1], [0], [1], 1), r"input is Float but weight is Double",
+                 id="dtype_mismatch"),
+    pytest.param(lambda: ops.convolution(torch.randn(4, 8), torch.randn(6, 4), None, [1], [0], [1], 1),
+                 r"3-D \(N, C, L\).*got 2-D", id="2d_input"),
+    pytest.param(lambda: ops.convolution(X, torch.randn(6, 4, 9, 9), None, [1], [0], [1], 1),
+                 r"kernel \(9 wide with dilation\) is larger than the padded input \(8\)", id="kernel_too_large"),
+    pytest.param(lambda: ops.convolution(X, W, None, [1], [0], [5], 1), r"kernel \(11 wide.*larger",
+                 id="dilated_kernel_too_large"),
+    pytest.param(lambda: ops.convolution(X, W, None, [1, 1, 1], [0], [1], 1),
+                 r"stride has 3 values but the input has 2 spatial dimensions", id="stride_count"),
+    pytest.param(lambda: ops.convolution(X, W, None, [1], [0, 0, 0], [1], 1), r"padding has 3 values",
+                 id="padding_count"),
+    pytest.param(lambda: ops.convolution(X, W, None, [0], [0], [1], 1), r"stride must be >= 1", id="zero_stride"),
+    pytest.param(lambda: ops.convolution(X, W, torch.randn(6, 1), [1], [0], [1], 1), r"bias must be 1-D",
+                 id="bias_rank"),
+    pytest.param(lambda: ops.convolution_transpose(X, W.transpose(0, 1), None, [1, 1, 1], [0], [0], [1], 1),
+                 r"stride has 3 values", id="transpose_stride_count"),
+    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(3, 6, 3, 3), None, [1], [0], [0], [1], 1),
+                 r"input has 4 channels.*groups", id="transpose_channels"),
+    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(4, 6, 3, 3), None, [2], [0], [2], [1], 1),
+                 r"output_padding must be smaller than stride or dilation", id="transpose_output_padding"),
+    pytest.param(lambda: cudnn_cache.conv_key("sideways", X, W, [1], [0], [1]), r"unknown direction 'sideways'",
+                 id="direction"),
+    pytest.param(lambda: cudnn_cache.fill(X, W, [1], [0], [1]), r"CUDA tensors", id="fill_on_cpu_tensors"),
+])
+def test_bad_arguments_raise_clear_errors(call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+def test_functional_rejects_bad_padding_strings():
+    with pytest.raises(ValueError, match="padding must be 'valid', 'same' or ints"):
+        cudnn_cache.functional.conv2d(X, W, padding="full")
+    with pytest.raises(ValueError, match="'same' is not supported for strided"):
+        cudnn_cache.functional.conv2d(X, W, padding="same", stride=2)
+
+
+def test_invalid_miss_policy_is_rejected_and_the_policy_kept(cache_state):
+    with pytest.raises(RuntimeError, match=r"unknown miss policy 'bogus'.*'tune', 'heuristic' or 'error'"):
+        cudnn_cache.set_miss_policy("bogus")
+    assert cudnn_cache.miss_policy() == "tune"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers query")
+def test_query_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        cudnn_cache.query("forward", make_key())
+
+
+# --- Cache state and files -------------------------------------------------------------------------------------
+
+def test_stats_has_every_counter(cache_state):
+    stats = cudnn_cache.stats()
+    assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "entries"}
+    assert all(type(value) is int and value >= 0 for value in stats.values())
+    assert stats["entries"] == cudnn_cache.size() == 0
+
+
+def test_miss_policy_round_trip(cache_state):
+    assert cudnn_cache.miss_policy() == "tune"
+    for policy in ("heuristic", "error", "tune"):
+        cudnn_cache.set_miss_policy(policy)
+        assert cudnn_cache.miss_policy() == policy
+
+
+@pytest.fixture
+def synth_file(tool, tmp_path):
+    """A valid cache file of 50 synthetic entries, written by cudnn_cache_tool."""
+    path = tmp_path / "synth.bin"
+    result = tool("synth", path, "--entries", 50)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def test_load_save_round_trip(cache_state, synth_file, tool, tmp_path):
+    assert cudnn_cache.load(synth_file) == 50
+    assert cudnn_cache.size() == 50 and cudnn_cache.stats()["entries"] == 50
+    assert cudnn_cache.load(str(synth_file)) == 50  # merging the same entries again adds none
+    assert cudnn_cache.size() == 50
+
+    saved = tmp_path / "saved.bin"
+    cudnn_cache.save(saved)
+    result = tool("validate", saved)
+    assert result.returncode == 0, result.stderr
+    assert "valid, 50 entries" in result.stdout
+
+    cudnn_cache.clear()
+    assert cudnn_cache.size() == 0
+    assert cudnn_cache.load(saved) == 50 and cudnn_cache.size() == 50
+
+
+def damaged(data):
+    """Damaged copies of a valid file: garbage, truncated, one flipped bit in the middle."""
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x10
+    return {"garbage": b"not a cache file" * 8, "truncated": data[: len(data) // 2], "bit_flip": bytes(flipped)}
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "bit_flip"])
+def test_failed_load_names_the_file_and_keeps_the_cache(damage, cache_state, synth_file, tmp_path):
+    cudnn_cache.load(synth_file)
+    path = tmp_path / f"{damage}.bin"
+    if damage != "missing":
+        path.write_bytes(damaged(synth_file.read_bytes())[damage])
+    with pytest.raises(RuntimeError) as error:
+        cudnn_cache.load(path)
+    assert str(path) in str(error.value)
+    reasons = {"missing": "No such file", "garbage": "wrong magic", "truncated": "truncated", "bit_flip": "corrupt"}
+    assert reasons[damage] in str(error.value)
+    assert cudnn_cache.size() == 50
+
+
+def test_persistent_loads_on_entry_and_saves_on_exit(cache_state, synth_file, tool, tmp_path):
+    path = tmp_path / "persisted.bin"
+    with cudnn_cache.persistent(path):  # no file yet: nothing to load
+        assert cudnn_cache.size() == 0
+        cudnn_cache.load(synth_file)
+    assert "valid, 50 entries" in tool("validate", path).stdout
+
+    cudnn_cache.clear()
+    with cudnn_cache.persistent(path):
+        assert cudnn_cache.size() == 50
+
+
+def test_persistent_saves_when_the_body_raises(cache_state, synth_file, tool, tmp_path):
+    path = tmp_path / "persisted.bin"
+    with pytest.raises(KeyError, match="boom"):
+        with cudnn_cache.persistent(path):
+            cudnn_cache.load(synth_file)
+            raise KeyError("boom")
+    assert "valid, 50 entries" in tool("validate", path).stdout

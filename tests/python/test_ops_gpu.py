@@ -1,0 +1,292 @@
+"""The cudnn_cache ops on a CUDA GPU: numerics against torch's own convolutions over dims, dtypes, layouts,
+groups, stride and dilation, transposed or not; determinism; warm start in a fresh process; the miss policies;
+query and fill; and a TorchScript model that trains. Every test is marked gpu (skipped without CUDA)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cudnn_cache
+
+pytestmark = pytest.mark.gpu
+
+ops = torch.ops.cudnn_cache
+
+# Tolerances relative to the largest magnitude of the expected tensor: both sides run cuDNN, possibly with
+# different algorithms, which round differently. float32 runs with TF32 off (the fixture below), so it is tight.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+SPATIAL_SIZE = {1: (12,), 2: (9, 10), 3: (8, 9, 10)}
+CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
+
+
+@pytest.fixture(autouse=True)
+def restore_state(cache_state, torch_flags):
+    """Every test starts with an empty cache, zero counters and the 'tune' policy; flags come back after."""
+    assert cudnn_cache.miss_policy() == "tune"
+    yield
+
+
+def randn(*sizes, dtype=torch.float32, memory_format=torch.contiguous_format, seed=0):
+    """Normal values made on the CPU (the same on every machine), then moved to the GPU."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(sizes, generator=generator).to(dtype)
+    return values.cuda().contiguous(memory_format=memory_format)
+
+
+def assert_close_scaled(actual, expected, tolerance, what):
+    scale = max(expected.abs().max().item(), 1.0)
+    torch.testing.assert_close(actual, expected, rtol=tolerance, atol=tolerance * scale,
+                               msg=lambda message: f"{what}: {message}")
+
+
+def run_both(ours, native, tensors, input_view, grad_seed=9):
+    """Forward and backward of ours and native on separate leaf copies of `tensors` (None allowed), the input
+    seen through `input_view`: returns (output, [grad of each tensor]) for each."""
+    results = []
+    for conv in (ours, native):
+        leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+        output = conv(input_view(leaves[0]), *leaves[1:])
+        output.backward(randn(*output.shape, dtype=output.dtype, seed=grad_seed))
+        results.append((output.detach(), [leaf.grad for leaf in leaves if leaf is not None]))
+    return results
+
+
+def check_against_native(ours, native, tensors, dtype, input_view=lambda x: x):
+    (output, grads), (expected_output, expected_grads) = run_both(ours, native, tensors, input_view)
+    assert output.shape == expected_output.shape and output.dtype == expected_output.dtype
+    assert_close_scaled(output, expected_output, TOLERANCE[dtype], "output")
+    for grad, expected, what in zip(grads, expected_grads, ["grad input", "grad weight", "grad bias"]):
+        assert_close_scaled(grad, expected, TOLERANCE[dtype], what)
+
+
+# --- Numerics against torch ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2)], ids=["s1d1", "s2d1", "s1d2"])
+@pytest.mark.parametrize("groups", ["1", "2", "depthwise"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
+                         ids=lambda dtype: str(dtype).replace("torch.", ""))
+@pytest.mark.parametrize("dims, channels_last", [(1, False), (2, False), (2, True), (3, False), (3, True)],
+                         ids=["1d", "2d", "2d_channels_last", "3d", "3d_channels_last_3d"])
+def test_matches_native(dims, channels_last, dtype, groups, stride, dilation, transposed):
+    # float64 channels-last used to fail ("cuDNN found no algorithm that runs"): cuDNN has no NHWC algorithm for
+    # double, so the ops must keep float64 contiguous, as PyTorch does.
+    torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags
+    in_channels, out_channels, group_count = {"1": (4, 8, 1), "2": (4, 8, 2), "depthwise": (4, 4, 4)}[groups]
+    memory_format = CHANNELS_LAST[dims] if channels_last else torch.contiguous_format
+    kernel = (3,) * dims
+    if transposed:  # weight (in, out / groups, *kernel); output_padding 1 where stride 2 leaves a choice
+        weight_size = (in_channels, out_channels // group_count, *kernel)
+        kwargs = dict(stride=stride, padding=1, output_padding=stride - 1, groups=group_count, dilation=dilation)
+        name = f"conv_transpose{dims}d"
+    else:
+        weight_size = (out_channels, in_channels // group_count, *kernel)
+        kwargs = dict(stride=stride, padding=1, dilation=dilation, groups=group_count)
+        name = f"conv{dims}d"
+    x = randn(2, in_channels, *SPATIAL_SIZE[dims], dtype=dtype, memory_format=memory_format, seed=1)
+    w = randn(*weight_size, dtype=dtype, memory_format=memory_format, seed=2)
+    b = randn(out_channels, dtype=dtype, seed=3)
+    ours, native = getattr(cudnn_cache.functional, name), getattr(F, name)
+    check_against_native(lambda *t: ours(*t, **kwargs), lambda *t: native(*t, **kwargs), (x, w, b), dtype)
+
+
+@pytest.mark.parametrize("case", ["sliced_input", "batch_1", "batch_1_transposed", "bias_free"])
+def test_unusual_inputs_match_native(case):
+    torch.backends.cudnn.allow_tf32 = False
+    w = randn(8, 4, 3, 3, seed=2)
+    b = randn(8, seed=3)
+    x = randn(1 if case.startswith("batch_1") else 2, 4, 20 if case == "sliced_input" else 10, 10, seed=1)
+    # The sliced input is a non-contiguous view (every other row) of the leaf that receives the gradient.
+    input_view = (lambda t: t[:, :, ::2]) if case == "sliced_input" else (lambda t: t)
+    if case == "batch_1_transposed":
+        ours, native = cudnn_cache.functional.conv_transpose2d, F.conv_transpose2d
+        w = randn(4, 8, 3, 3, seed=2)
+    else:
+        ours, native = cudnn_cache.functional.conv2d, F.conv2d
+    tensors = (x, w, None if case == "bias_free" else b)
+    check_against_native(lambda *t: ours(*t, stride=2, padding=1), lambda *t: native(*t, stride=2, padding=1),
+                         tensors, torch.float32, input_view)
+
+
+def test_channels_last_output_stays_channels_last():
+    x = randn(2, 4, 10, 10, memory_format=torch.channels_last)
+    w = randn(8, 4, 3, 3, memory_format=torch.channels_last)
+    assert ops.convolution(x, w, None, [1], [1], [1], 1).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_mismatched_devices_are_rejected():
+    with pytest.raises(RuntimeError, match="move both to one device"):
+        ops.convolution(randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3), None, [1], [1], [1], 1)
+
+
+# --- Determinism -----------------------------------------------------------------------------------------------
+
+def test_deterministic_mode_gives_bitwise_identical_weight_gradients():
+    torch.use_deterministic_algorithms(True)  # restored by torch_flags
+    # Large enough that cuDNN's fastest backward-filter algorithms would be ones that use atomics.
+    x = randn(32, 32, 32, 32, seed=1)
+    w = randn(64, 32, 3, 3, seed=2)
+    grad_output = randn(32, 64, 32, 32, seed=3)
+    gradients = []
+    for _ in range(2):
+        weight = w.clone().requires_grad_()
+        ops.convolution(x, weight, None, [1], [1], [1], 1).backward(grad_output)
+        gradients.append(weight.grad)
+    assert cudnn_cache.stats()["hits"] >= 2  # the second run used what the first one tuned
+    assert torch.equal(gradients[0], gradients[1])
+
+
+# --- Warm start in a fresh process -----------------------------------------------------------------------------
+
+# Runs the seed's two-convolution model once: `tune` starts empty and saves the cache; `replay` loads it with
+# the miss policy 'error'. Writes the output, the gradients and the counters.
+WARM_START_SCRIPT = """
+import sys
+import torch
+from torch import nn
+import cudnn_cache
+
+mode, cache_file, result_file = sys.argv[1:4]
+if mode == "replay":
+    assert cudnn_cache.load(cache_file) > 0
+    cudnn_cache.set_miss_policy("error")
+
+
+class GlobalMeanPool(nn.Module):
+    def forward(self, x):
+        return x.mean(dim=(2, 3))
+
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 64, 3, padding="same"), nn.ReLU(), nn.Conv2d(64, 32, 3), nn.ReLU(),
+                      GlobalMeanPool(), nn.Flatten(), nn.Linear(32, 1))
+model = cudnn_cache.convert(model).cuda()
+x = torch.randn(7, 3, 32, 32, generator=torch.Generator().manual_seed(1)).cuda()
+cudnn_cache.reset_stats()
+output = model(x)
+output.sum().backward()
+torch.cuda.synchronize()
+stats = cudnn_cache.stats()
+if mode == "tune":
+    cudnn_cache.save(cache_file)
+torch.save({"output": output.detach().cpu(), "stats": stats,
+            "grads": {name: p.grad.cpu() for name, p in model.named_parameters()}}, result_file)
+"""
+
+
+def test_a_fresh_process_that_loaded_the_cache_tunes_nothing(child_env, tmp_path):
+    cache_file = tmp_path / "convs.cache"
+    results = {}
+    for mode in ("tune", "replay"):
+        result_file = tmp_path / f"{mode}.pt"
+        process = subprocess.run([sys.executable, "-c", WARM_START_SCRIPT, mode, str(cache_file), str(result_file)],
+                                 env=child_env, capture_output=True, text=True, timeout=300)
+        assert process.returncode == 0, f"{mode} run failed:\n{process.stderr}"
+        results[mode] = torch.load(result_file)
+    tune, replay = results["tune"], results["replay"]
+
+    # conv1: forward and backward-filter (its input needs no gradient); conv2: all three directions.
+    assert tune["stats"]["tunes"] == 5 and tune["stats"]["misses"] == 5, tune["stats"]
+    assert replay["stats"]["tunes"] == 0 and replay["stats"]["misses"] == 0, replay["stats"]
+    assert replay["stats"]["hits"] == 5 and replay["stats"]["fallbacks"] == 0, replay["stats"]
+
+    # The same algorithms on the same inputs. Forward algorithms are deterministic, so the output is bitwise
+    # equal. Some backward algorithms cuDNN may rank best accumulate with atomics (non-deterministic order), so
+    # the gradients are compared with a tolerance far below any algorithm difference.
+    assert torch.equal(replay["output"], tune["output"])
+    assert replay["grads"].keys() == tune["grads"].keys()
+    for name, grad in tune["grads"].items():
+        assert_close_scaled(replay["grads"][name], grad, 1e-5, name)
+
+
+# --- Miss policies, query and fill -----------------------------------------------------------------------------
+
+def test_error_policy_names_the_missing_key():
+    cudnn_cache.set_miss_policy("error")
+    with pytest.raises(RuntimeError, match="no cached algorithm") as error:
+        ops.convolution(randn(2, 4, 8, 8), randn(8, 4, 3, 3), None, [1], [1], [1], 1)
+    assert "forward" in str(error.value) and "'error'" in str(error.value)
+    assert cudnn_cache.stats()["misses"] == 1 and cudnn_cache.size() == 0
+
+
+def test_heuristic_policy_runs_without_storing():
+    torch.backends.cudnn.allow_tf32 = False
+    cudnn_cache.set_miss_policy("heuristic")
+    x, w = randn(2, 4, 8, 8), randn(8, 4, 3, 3)
+    torch.testing.assert_close(ops.convolution(x, w, None, [1], [1], [1], 1), F.conv2d(x, w, padding=1))
+    stats = cudnn_cache.stats()
+    assert stats["misses"] == 1 and stats["tunes"] == 0 and cudnn_cache.size() == 0
+
+
+def test_query_misses_then_lists_the_ranking_after_a_run():
+    x, w = randn(2, 4, 8, 8), randn(8, 4, 3, 3)
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    key = cudnn_cache.conv_key("forward", x, w, *args)
+    assert cudnn_cache.query("forward", key) is None
+
+    ops.convolution(x, w, None, *args)
+    assert cudnn_cache.stats()["tunes"] == 1
+    ranking = cudnn_cache.query("forward", key)  # conv_key gives the key the op used
+    assert isinstance(ranking, list) and len(ranking) > 0
+    best = ranking[0]
+    assert isinstance(best["algorithm"], str) and best["algorithm"]
+    assert best["time_ms"] >= 0 and best["status"] == "CUDNN_STATUS_SUCCESS"
+    assert {"workspace_bytes", "deterministic", "math_type"} <= best.keys()
+    assert cudnn_cache.query("backward_data", cudnn_cache.conv_key("backward_data", x, w, *args)) is None
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+def test_fill_tunes_every_direction_that_the_ops_then_hit(transposed):
+    if transposed:  # (2, 8, 5, 5) -> (2, 4, 10, 10)
+        x, w = randn(2, 8, 5, 5, seed=1), randn(8, 4, 3, 3, seed=2)
+        args, extra = ([2, 2], [1, 1], [1, 1], 1), dict(transposed=True, output_padding=[1, 1])
+    else:
+        x, w = randn(2, 4, 10, 10, seed=1), randn(8, 4, 3, 3, seed=2)
+        args, extra = ([2, 2], [1, 1], [1, 1], 1), {}
+    directions = ("forward", "backward_data", "backward_filter")
+    keys = {d: cudnn_cache.conv_key(d, x, w, *args, **extra) for d in directions}
+    assert all(cudnn_cache.query(d, keys[d]) is None for d in directions)
+
+    assert cudnn_cache.fill(x, w, *args, **extra) == 3
+    assert all(cudnn_cache.query(d, keys[d]) is not None for d in directions)
+    assert cudnn_cache.size() == 3 and cudnn_cache.stats()["tunes"] == 3
+
+    # The ops find all three: forward and backward run under 'error' without a miss.
+    cudnn_cache.set_miss_policy("error")
+    cudnn_cache.reset_stats()
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    if transposed:
+        output = ops.convolution_transpose(*leaves, None, args[0], args[1], extra["output_padding"], args[2], 1)
+    else:
+        output = ops.convolution(*leaves, None, *args)
+    output.sum().backward()
+    assert cudnn_cache.stats()["misses"] == 0 and cudnn_cache.stats()["hits"] == 3
+
+
+# --- TorchScript on the GPU ------------------------------------------------------------------------------------
+
+def test_torchscript_model_trains_on_the_gpu(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                          nn.ReLU(), nn.ConvTranspose2d(8, 4, 2, stride=2), nn.Conv2d(4, 2, 1))
+    path = tmp_path / "model.pt"
+    torch.jit.script(cudnn_cache.convert(model)).save(str(path))
+    scripted = torch.jit.load(str(path), map_location="cuda")
+    assert "cudnn_cache::convolution" in str(scripted.inlined_graph)
+
+    x, target = randn(4, 3, 16, 16, seed=1), randn(4, 2, 16, 16, seed=2)
+    optimizer = torch.optim.SGD(scripted.parameters(), lr=0.05)
+    losses = []
+    for _ in range(5):
+        optimizer.zero_grad()
+        loss = F.mse_loss(scripted(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    assert cudnn_cache.stats()["hits"] > 0
