@@ -18,4 +18,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm"
+  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel"
