@@ -21,22 +21,21 @@ step() {  # step NAME COMMAND...: runs COMMAND, logs to $out/NAME.log, prints th
   return "$rc"
 }
 
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name())'
-} >"$out/environment.log" 2>&1
-cat "$out/environment.log"
-
 # The distribution's g++ links libstdc++ dynamically. A toolchain that links it statically (seen on the GPU
 # machine: $CXX=/opt/gcc/bin/g++) gives the ops library a private copy of iostreams whose locale is never set
 # up, and the first error message it formats crashes the process.
 compiler=${CUDNN_CACHE_CXX:-$(command -v /usr/bin/g++ || command -v g++)}
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cudnn_root=$(python3 -c 'import nvidia.cudnn; print(nvidia.cudnn.__path__[0])')
-step configure cmake -S . -B build -G Ninja -DCMAKE_CXX_COMPILER="$compiler" -DCUDNN_ROOT="$cudnn_root" \
-  -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps/root/usr" -DCUDNN_CACHE_BUILD_BENCHMARKS=OFF || exit 1
-step build cmake --build build --parallel "$(nproc)" || exit 1
+build() {
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name())'
+  cmake -S . -B build -G Ninja -DCMAKE_CXX_COMPILER="$compiler" -DCUDNN_ROOT="$cudnn_root" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps/root/usr" -DCUDNN_CACHE_BUILD_BENCHMARKS=OFF &&
+    cmake --build build --parallel "$(nproc)"
+}
+step build build || exit 1
 step ctest ctest --test-dir build --output-on-failure --parallel 8
 step pytest python3 -m pytest tests/python -v -rs
 for extra in "$@"; do  # further steps, each a shell command: e.g. a benchmark
