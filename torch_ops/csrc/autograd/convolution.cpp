@@ -35,6 +35,23 @@ struct SavedParams {
         has_bias(ctx->saved_data["has_bias"].toBool()) {}
 };
 
+// What both backward passes start from: the saved tensors and arguments, and grad_output in the forward's
+// layout, so cuDNN sees one layout in every direction and the three keys agree on it.
+struct Backward {
+  Backward(AutogradContext* ctx, const tensor_list& grads)
+      : saved(ctx->get_saved_variables()),
+        input(saved[0]),
+        weight(saved[1]),
+        params(ctx),
+        grad(grads[0].contiguous(convolution_memory_format(input, weight))) {}
+
+  torch::autograd::variable_list saved;
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  SavedParams params;
+  at::Tensor grad;
+};
+
 // The bias gradient: grad_output summed over every dimension but the channels.
 at::Tensor bias_gradient(const at::Tensor& grad_output) {
   std::vector<std::int64_t> dims{0};
@@ -54,20 +71,17 @@ class Convolution : public torch::autograd::Function<Convolution> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
-    const SavedParams p(ctx);
-    // cuDNN then sees the forward's layout in every direction, and the three keys agree on it.
-    const at::Tensor grad = grads[0].contiguous(convolution_memory_format(input, weight));
+    const Backward b(ctx, grads);
+    const SavedParams& p = b.params;
     at::Tensor grad_input, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      grad_input = call_backward_input(grad, weight, input.sizes(), p.stride, p.padding, p.dilation, p.groups);
+      grad_input = call_backward_input(b.grad, b.weight, b.input.sizes(), p.stride, p.padding, p.dilation, p.groups);
     }
     if (ctx->needs_input_grad(1)) {
-      grad_weight = call_backward_weight(grad, input, weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
+      grad_weight =
+          call_backward_weight(b.grad, b.input, b.weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
     }
-    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(grad);
+    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(b.grad);
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -91,19 +105,17 @@ class ConvolutionTranspose : public torch::autograd::Function<ConvolutionTranspo
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
-    const SavedParams p(ctx);
-    const at::Tensor grad = grads[0].contiguous(convolution_memory_format(input, weight));
+    const Backward b(ctx, grads);
+    const SavedParams& p = b.params;
     at::Tensor grad_input, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      grad_input = call_convolution(grad, weight, std::nullopt, p.stride, p.padding, p.dilation, p.groups);
+      grad_input = call_convolution(b.grad, b.weight, std::nullopt, p.stride, p.padding, p.dilation, p.groups);
     }
     if (ctx->needs_input_grad(1)) {
-      grad_weight = call_backward_weight(input, grad, weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
+      grad_weight =
+          call_backward_weight(b.input, b.grad, b.weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
     }
-    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(grad);
+    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(b.grad);
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(),  at::Tensor()};
   }
