@@ -2,7 +2,8 @@
 # Installs everything building and testing cudnn_cache needs on a fresh Debian machine with the CUDA toolkit:
 # Debian's cereal, Catch2, Google Benchmark, CMake and Ninja; from PyPI, PyTorch 2.11.0 (which brings the cuDNN
 # the project builds against), the matching torchvision (for the warm start's model names), pytest, numpy and
-# tqdm. Safe to run again: it only installs what is missing.
+# tqdm; and cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only
+# installs what is missing.
 set -euo pipefail
 
 debian_packages=(libcereal-dev catch2 libbenchmark-dev cmake ninja-build g++)
@@ -19,3 +20,4 @@ fi
 
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel"
+"$(dirname "$0")/fetch_cudnn_frontend.sh"

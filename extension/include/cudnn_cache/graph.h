@@ -1,0 +1,89 @@
+#pragma once
+
+// The cuDNN graph-API backend: engine configs found by timing every candidate cudnn-frontend offers for a
+// convolution key, and execution plans rebuilt from a stored config without heuristics.
+//
+// Note [Engine configs]
+// ~~~~~~~~~~~~~~~~~~~~~
+// On Hopper the legacy algorithm list does not reach the fastest engines (../shared/context/MEASURED.md), so
+// the graph API is searched directly. A candidate is an engine config: cuDNN's global engine index plus its
+// knob choices. That pair rebuilds the same execution plan in another process
+// (Graph::create_execution_plan), and it only means something for the cuDNN release and GPU it was found on,
+// which is why rankings live under an Origin. Candidates come from heuristics mode A and the fallback list
+// (they overlap, so each plan name is timed once), after the filters PyTorch applies too: no down-converting
+// inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
+// engines only when asked. Each candidate is timed the way training runs it: its workspace allocated first,
+// `warmup` untimed runs, then the median of `repetitions` runs timed with CUDA events on the handle's stream.
+// PyTorch's benchmark mode times one run per candidate, so a single lucky or unlucky sample decides.
+//
+// Tensors are described with 16-byte alignment (cudnn-frontend's default); GraphPlan::execute refuses
+// buffers that are not, so the caller can fall back to the legacy path.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cudnn_cache/algorithms.h"
+#include "cudnn_cache/key.h"
+#include "cudnn_cache/runtime.h"
+
+namespace cudnn_frontend::graph {
+class Graph;
+}
+
+namespace cudnn_cache {
+
+// One knob choice: a cudnn_frontend::KnobType_t value and the chosen value.
+struct Knob {
+  std::int64_t type = 0;
+  std::int64_t value = 0;
+  friend bool operator==(const Knob& a, const Knob& b) { return a.type == b.type && a.value == b.value; }
+};
+
+// A timed engine config; see Note [Engine configs].
+struct EngineConfig {
+  std::int64_t engine_id = -1;
+  std::vector<Knob> knobs;  // sorted by type
+  float time_ms = 0.0f;     // median of the timed runs
+  std::uint64_t workspace_bytes = 0;
+  std::string name;  // cuDNN's plan name, e.g. "eng22_k2=16_k13=0", for people
+};
+
+// How search_engine_configs times candidates.
+struct GraphSearchOptions {
+  int warmup = 3;
+  int repetitions = 7;
+  bool deterministic = false;
+};
+
+// Times every engine config cuDNN offers for the key on the buffers and returns them fastest first (on equal
+// times, the smaller workspace first). The direction's output buffer is overwritten. Throws Error if cuDNN
+// cannot express the problem as a graph or no config runs.
+std::vector<EngineConfig> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
+                                                const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                                                const GraphSearchOptions& options = {});
+
+// The execution plan of one engine config for one key.
+class GraphPlan {
+ public:
+  // Builds the plan without heuristics. Throws Error (status CUDNN_STATUS_NOT_SUPPORTED when cuDNN refuses
+  // the config, e.g. one stored by another cuDNN release).
+  GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineConfig& config);
+
+  std::uint64_t workspace_bytes() const { return workspace_bytes_; }
+
+  // Runs the plan; the workspace must hold workspace_bytes(). Throws Error if a buffer is not 16-byte aligned
+  // or cuDNN fails.
+  void execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const;
+
+ private:
+  Direction direction_;
+  std::shared_ptr<cudnn_frontend::graph::Graph> graph_;
+  std::uint64_t workspace_bytes_ = 0;
+};
+
+// Checks, without a GPU, that cudnn-frontend accepts the key as a graph. Returns "" or what it rejected.
+std::string check_graph(const ConvolutionKey& key);
+
+}  // namespace cudnn_cache

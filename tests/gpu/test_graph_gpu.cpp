@@ -1,0 +1,229 @@
+// GPU tests of the graph-API backend: search times engine configs, a plan rebuilt from the best config alone
+// computes what the legacy API computes, and a config cuDNN does not know fails cleanly. Exits 77 (CTest's
+// skip, with the reason printed) where there is no GPU.
+
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "cudnn_cache/graph.h"
+
+using namespace cudnn_cache;
+
+namespace {
+
+class DeviceWorkspace : public Workspace {
+ public:
+  explicit DeviceWorkspace(std::size_t bytes) { cudaMalloc(&data_, bytes); }
+  ~DeviceWorkspace() override { cudaFree(data_); }
+  void* data() override { return data_; }
+  bool ok() const { return data_ != nullptr; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+std::unique_ptr<Workspace> allocate(std::size_t bytes) {
+  auto workspace = std::make_unique<DeviceWorkspace>(bytes);
+  if (!workspace->ok()) return nullptr;
+  return workspace;
+}
+
+std::size_t element_bytes(std::int32_t type) {
+  return type == CUDNN_DATA_DOUBLE ? 8 : type == CUDNN_DATA_FLOAT ? 4 : 2;
+}
+
+std::size_t elements(const std::array<std::int32_t, kMaxTensorDims>& dims, int count) {
+  std::size_t total = 1;
+  for (int i = 0; i < count; ++i) total *= static_cast<std::size_t>(dims[i]);
+  return total;
+}
+
+// Device memory holding values of the key's type, written and read as doubles.
+struct Buffer {
+  Buffer(std::int32_t type, std::size_t count) : type(type), count(count) { cudaMalloc(&data, count * element_bytes(type)); }
+  ~Buffer() { cudaFree(data); }
+
+  void fill_random(std::mt19937& random) {
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    std::vector<unsigned char> host(count * element_bytes(type));
+    for (std::size_t i = 0; i < count; ++i) {
+      const float v = value(random);
+      if (type == CUDNN_DATA_DOUBLE) {
+        const double d = v;
+        std::memcpy(&host[i * 8], &d, 8);
+      } else if (type == CUDNN_DATA_FLOAT) {
+        std::memcpy(&host[i * 4], &v, 4);
+      } else {  // bfloat16: the upper half of the float
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        const std::uint16_t upper = static_cast<std::uint16_t>(bits >> 16);
+        std::memcpy(&host[i * 2], &upper, 2);
+      }
+    }
+    cudaMemcpy(data, host.data(), host.size(), cudaMemcpyHostToDevice);
+  }
+
+  std::vector<double> read() const {
+    std::vector<unsigned char> host(count * element_bytes(type));
+    cudaMemcpy(host.data(), data, host.size(), cudaMemcpyDeviceToHost);
+    std::vector<double> values(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (type == CUDNN_DATA_DOUBLE) {
+        std::memcpy(&values[i], &host[i * 8], 8);
+      } else if (type == CUDNN_DATA_FLOAT) {
+        float v;
+        std::memcpy(&v, &host[i * 4], 4);
+        values[i] = v;
+      } else {
+        std::uint16_t upper;
+        std::memcpy(&upper, &host[i * 2], 2);
+        const std::uint32_t bits = static_cast<std::uint32_t>(upper) << 16;
+        float v;
+        std::memcpy(&v, &bits, 4);
+        values[i] = v;
+      }
+    }
+    return values;
+  }
+
+  std::int32_t type;
+  std::size_t count;
+  void* data = nullptr;
+};
+
+struct Problem {
+  const char* name;
+  ConvolutionKey key;
+  double tolerance;  // relative to the largest magnitude of the reference
+};
+
+ConvolutionKey key_of(cudnnDataType_t type, Layout layout, IntSpan x, IntSpan w, IntSpan y, IntSpan padding,
+                      IntSpan stride, IntSpan dilation, std::int64_t groups, cudnnMathType_t math) {
+  return make_convolution_key(Direction::forward, make_tensor_key(type, x, layout), make_filter_key(type, w, layout),
+                              make_tensor_key(type, y, layout),
+                              make_convolution_descriptor_key(padding, stride, dilation, groups,
+                                                              CUDNN_CROSS_CORRELATION, default_compute_type(type),
+                                                              math));
+}
+
+std::vector<Problem> problems() {
+  return {
+      {"2-D NHWC bf16, groups 4",
+       key_of(CUDNN_DATA_BFLOAT16, Layout::nhwc, {8, 64, 28, 28}, {128, 16, 3, 3}, {8, 128, 28, 28}, {1, 1}, {1, 1},
+              {1, 1}, 4, CUDNN_TENSOR_OP_MATH),
+       3e-2},
+      {"2-D NCHW fp32 (no TF32), stride 2",
+       key_of(CUDNN_DATA_FLOAT, Layout::nchw, {4, 32, 28, 28}, {64, 32, 3, 3}, {4, 64, 14, 14}, {1, 1}, {2, 2},
+              {1, 1}, 1, CUDNN_FMA_MATH),
+       1e-4},
+      {"3-D NCDHW fp32",
+       key_of(CUDNN_DATA_FLOAT, Layout::nchw, {2, 16, 8, 8, 8}, {16, 16, 3, 3, 3}, {2, 16, 8, 8, 8}, {1, 1, 1},
+              {1, 1, 1}, {1, 1, 1}, 1, CUDNN_FMA_MATH),
+       1e-4},
+      {"1-D fp64, dilation 2",
+       key_of(CUDNN_DATA_DOUBLE, Layout::nchw, {4, 8, 50}, {8, 8, 3}, {4, 8, 50}, {2}, {1}, {2}, 1,
+              CUDNN_DEFAULT_MATH),
+       1e-9},
+  };
+}
+
+template <typename Traits>
+void run_legacy(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers) {
+  const ConvolutionDescriptors descriptors(key);
+  std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
+  int returned = 0;
+  REQUIRE(Algorithms<Traits>::heuristics(handle, descriptors, Traits::algorithm_count, &returned, perfs.data()) ==
+          CUDNN_STATUS_SUCCESS);
+  for (int i = 0; i < returned; ++i) {
+    if (perfs[i].status != CUDNN_STATUS_SUCCESS) continue;
+    auto workspace = perfs[i].memory > 0 ? allocate(perfs[i].memory) : nullptr;
+    cudnnSetConvolutionMathType(descriptors.convolution.get(), perfs[i].mathType);
+    if (Algorithms<Traits>::execute(handle, descriptors, perfs[i].algo, buffers,
+                                    workspace ? workspace->data() : nullptr, perfs[i].memory) == CUDNN_STATUS_SUCCESS) {
+      return;
+    }
+  }
+  FAIL("no legacy algorithm ran " << key);
+}
+
+void run_legacy(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers) {
+  switch (static_cast<Direction>(key.direction)) {
+    case Direction::forward: return run_legacy<ForwardTraits>(handle, key, buffers);
+    case Direction::backward_data: return run_legacy<BackwardDataTraits>(handle, key, buffers);
+    case Direction::backward_filter: return run_legacy<BackwardFilterTraits>(handle, key, buffers);
+  }
+}
+
+struct Handle {
+  Handle() { REQUIRE(cudnnCreate(&handle) == CUDNN_STATUS_SUCCESS); }
+  ~Handle() { cudnnDestroy(handle); }
+  cudnnHandle_t handle = nullptr;
+};
+
+}  // namespace
+
+TEST_CASE("the best engine config, replayed alone, computes what the legacy API computes", "[gpu][graph]") {
+  Handle handle;
+  std::mt19937 random(2026);
+  for (const Problem& problem : problems()) {
+    for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+      ConvolutionKey key = problem.key;
+      key.direction = static_cast<std::int32_t>(direction);
+      INFO(problem.name << ": " << key);
+      Buffer x(key.input.data_type, elements(key.input.dims, key.input.nb_dims));
+      Buffer w(key.weight.data_type, elements(key.weight.dims, key.weight.nb_dims));
+      Buffer y(key.output.data_type, elements(key.output.dims, key.output.nb_dims));
+      for (Buffer* operand : {&x, &w, &y}) operand->fill_random(random);
+      Buffer& written = direction == Direction::forward ? y : direction == Direction::backward_data ? x : w;
+      const ConvolutionBuffers buffers{x.data, w.data, y.data};
+
+      const std::vector<EngineConfig> configs = search_engine_configs(handle.handle, key, buffers, allocate);
+      REQUIRE(!configs.empty());
+      for (std::size_t i = 1; i < configs.size(); ++i) CHECK(configs[i - 1].time_ms <= configs[i].time_ms);
+      CHECK(configs.front().engine_id >= 0);
+      WARN(problem.name << " " << to_string(direction) << ": " << configs.size() << " configs, best "
+                        << configs.front().name << " " << configs.front().time_ms << " ms");
+
+      const GraphPlan plan(handle.handle, key, configs.front());
+      auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : nullptr;
+      plan.execute(handle.handle, buffers, workspace ? workspace->data() : nullptr);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      const std::vector<double> graph_result = written.read();
+
+      run_legacy(handle.handle, key, buffers);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      const std::vector<double> legacy_result = written.read();
+
+      double largest = 0.0, worst = 0.0;
+      for (std::size_t i = 0; i < legacy_result.size(); ++i) {
+        largest = std::max(largest, std::abs(legacy_result[i]));
+        worst = std::max(worst, std::abs(legacy_result[i] - graph_result[i]));
+      }
+      REQUIRE(largest > 0.0);
+      CHECK(worst <= problem.tolerance * largest);
+    }
+  }
+}
+
+TEST_CASE("a config cuDNN does not know fails with an Error, not a crash", "[gpu][graph]") {
+  Handle handle;
+  EngineConfig unknown;
+  unknown.engine_id = 1 << 20;
+  CHECK_THROWS_AS(GraphPlan(handle.handle, problems()[1].key, unknown), Error);
+}
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    std::printf("skipped: no CUDA GPU here; these tests run on the GPU machine (scripts/gpu_check.sh)\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
