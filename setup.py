@@ -29,6 +29,7 @@ class CMakeBuild(build_ext):
         import nvidia.cudnn
         import torch
 
+        subprocess.run([str(ROOT / "scripts" / "fetch_cudnn_frontend.sh")], check=True)  # headers, from PyPI
         build_dir = pathlib.Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
