@@ -103,7 +103,11 @@ void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection
   }
 }
 
+// Version 1 files hold the legacy caches only; version 2 added the graph API's.
+bool holds_graph_entries(std::uint32_t format_version) { return format_version >= 2; }
+
 std::string serialize_payload(const Checkpoint& checkpoint) {
+  const bool graph = holds_graph_entries(checkpoint.header.format_version);
   std::ostringstream bytes(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive archive(bytes);
@@ -111,12 +115,22 @@ std::string serialize_payload(const Checkpoint& checkpoint) {
     for (const CheckpointSection& section : checkpoint.sections) {
       archive(section.origin);
       for_each_direction([&](auto traits) { write_entries<decltype(traits)>(archive, section); });
+      for_each_graph_direction([&](auto traits) {
+        using Traits = decltype(traits);
+        if (graph) {
+          write_entries<Traits>(archive, section);
+        } else {
+          CUDNN_CACHE_REQUIRE(section.entries<Traits>().empty(), "file format ", checkpoint.header.format_version,
+                              " cannot hold graph-API entries; write format ", kFormatVersion);
+        }
+      });
     }
   }
   return std::move(bytes).str();
 }
 
-std::vector<CheckpointSection> deserialize_payload(const char* payload, std::size_t size) {
+std::vector<CheckpointSection> deserialize_payload(const char* payload, std::size_t size,
+                                                   std::uint32_t format_version) {
   MemoryStream bytes(payload, size);
   cereal::PortableBinaryInputArchive archive(bytes);
   cereal::size_type count = 0;
@@ -129,6 +143,9 @@ std::vector<CheckpointSection> deserialize_payload(const char* payload, std::siz
       detail::throw_invalid("section ", i, " is out of order or repeated");
     }
     for_each_direction([&](auto traits) { read_entries<decltype(traits)>(archive, section); });
+    if (holds_graph_entries(format_version)) {
+      for_each_graph_direction([&](auto traits) { read_entries<decltype(traits)>(archive, section); });
+    }
     sections.push_back(std::move(section));
   }
   if (bytes.peek() != std::char_traits<char>::eof()) detail::throw_invalid("bytes after the last section");
@@ -150,12 +167,13 @@ std::size_t Checkpoint::size() const {
 
 Checkpoint snapshot(const CacheStore& store) {
   Checkpoint checkpoint;
+  checkpoint.header.format_version = kFormatVersion;
   checkpoint.header.cudnn_version = CudnnVersion::of_library().number();
   checkpoint.header.cuda_runtime_version = cuda_runtime_version();
   for (const auto& [origin, caches] : store.origins()) {
     CheckpointSection section;
     section.origin = origin;
-    for_each_direction([&, caches = caches](auto traits) {
+    for_each_cache([&, caches = caches](auto traits) {
       using Traits = decltype(traits);
       section.entries<Traits>() = caches->template get<Traits>().entries();
     });
@@ -167,7 +185,7 @@ Checkpoint snapshot(const CacheStore& store) {
 void merge_into(CacheStore& store, const Checkpoint& checkpoint) {
   for (const CheckpointSection& section : checkpoint.sections) {
     DirectionCaches& caches = store.caches(section.origin);
-    for_each_direction([&](auto traits) {
+    for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
       for (const auto& [key, ranking] : section.entries<Traits>()) caches.get<Traits>().insert(key, ranking);
     });
@@ -233,7 +251,7 @@ Checkpoint deserialize(const std::string& bytes, const std::string& source) {
     throw_file_error(source, "is corrupt: checksum mismatch; delete it and run the warm start again");
   }
   try {
-    checkpoint.sections = deserialize_payload(bytes.data() + kHeaderBytes, payload_size);
+    checkpoint.sections = deserialize_payload(bytes.data() + kHeaderBytes, payload_size, version);
   } catch (const cereal::Exception& e) {
     throw_file_error(source, "is corrupt: ", e.what(), "; delete it and run the warm start again");
   }

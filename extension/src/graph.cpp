@@ -185,7 +185,7 @@ bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(poin
 
 }  // namespace
 
-std::vector<EngineConfig> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
+std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                                 const GraphSearchOptions& options) {
   CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
@@ -200,43 +200,42 @@ std::vector<EngineConfig> search_engine_configs(cudnnHandle_t handle, const Conv
   if (options.deterministic) graph->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
 
   auto pack = variant_pack(buffers);
-  std::set<std::string> timed;  // heuristics A and the fallback list overlap
-  std::vector<EngineConfig> configs;
+  std::set<std::string> timed;  // heuristics A and the fallback list overlap: time each plan name once
+  std::vector<EngineCandidate> configs;
   const std::int64_t count = graph->get_execution_plan_count();
   for (std::int64_t index = 0; index < count; ++index) {
-    EngineConfig config;
-    if (graph->get_plan_name_at_index(index, config.name).is_bad() || !timed.insert(config.name).second) continue;
+    std::string name;
+    if (graph->get_plan_name_at_index(index, name).is_bad() || !timed.insert(name).second) continue;
     if (graph->build_plan_at_index(index).is_bad()) continue;  // not supported, or filtered out
+    EngineCandidate config;
     std::int64_t workspace_bytes = 0;
     std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
     if (graph->get_workspace_size_plan_at_index(index, workspace_bytes).is_bad() ||
-        graph->get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad()) {
+        graph->get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad() || knobs.size() > kMaxKnobs) {
       continue;
     }
     // A knob this cudnn-frontend cannot name comes back as NOT_SET and cannot be replayed: such a config
     // could never be rebuilt from the cache, so it is not offered.
-    if (std::any_of(knobs.begin(), knobs.end(), [](const auto& knob) { return knob.first == fe::KnobType_t::NOT_SET; })) {
-      continue;
-    }
-    for (const auto& [type, value] : knobs) config.knobs.push_back({static_cast<std::int64_t>(type), value});
-    std::sort(config.knobs.begin(), config.knobs.end(), [](const Knob& a, const Knob& b) { return a.type < b.type; });
+    if (knobs.count(fe::KnobType_t::NOT_SET) > 0) continue;
+    for (const auto& [type, value] : knobs) config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
+    std::sort(config.knobs.begin(), config.knobs.begin() + config.knob_count);
     config.workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
     std::unique_ptr<Workspace> workspace;
     if (workspace_bytes > 0 && !(workspace = allocate(config.workspace_bytes))) continue;  // out of memory
     config.time_ms = time_plan(*graph, handle, pack, workspace ? workspace->data() : nullptr, index, options);
-    if (config.time_ms >= 0.0f) configs.push_back(std::move(config));
+    if (config.time_ms >= 0.0f) configs.push_back(config);
   }
   CUDNN_CACHE_REQUIRE(!configs.empty(), "cuDNN graph API: no engine config runs ", key);
-  std::sort(configs.begin(), configs.end(), [](const EngineConfig& a, const EngineConfig& b) {
-    return a.time_ms != b.time_ms ? a.time_ms < b.time_ms : a.workspace_bytes < b.workspace_bytes;
-  });
+  std::sort(configs.begin(), configs.end(), ranks_before<GraphForwardTraits>);
   return configs;
 }
 
-GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineConfig& config)
+GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config)
     : direction_(static_cast<Direction>(key.direction)), graph_(operation_graph(handle, key)) {
   std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
-  for (const Knob& knob : config.knobs) knobs[static_cast<fe::KnobType_t>(knob.type)] = knob.value;
+  for (const Knob* knob = config.knobs_begin(); knob != config.knobs_end(); ++knob) {
+    knobs[static_cast<fe::KnobType_t>(knob->type)] = knob->value;
+  }
   check_status(graph_->create_execution_plan(config.engine_id, knobs), "create_execution_plan", key);
   check_status(graph_->build_plan_at_index(graph_->get_execution_plan_count() - 1), "build_plan", key);
   std::int64_t bytes = 0;

@@ -26,6 +26,19 @@ std::string ForwardTraits::algorithm_name(int algorithm) { return lookup(kForwar
 std::string BackwardDataTraits::algorithm_name(int algorithm) { return lookup(kBackwardDataNames, algorithm); }
 std::string BackwardFilterTraits::algorithm_name(int algorithm) { return lookup(kBackwardFilterNames, algorithm); }
 
+std::string ForwardTraits::describe(const Candidate& candidate) { return algorithm_name(candidate.algorithm); }
+std::string BackwardDataTraits::describe(const Candidate& candidate) { return algorithm_name(candidate.algorithm); }
+std::string BackwardFilterTraits::describe(const Candidate& candidate) { return algorithm_name(candidate.algorithm); }
+
+std::string to_string(const EngineCandidate& candidate) {
+  std::string text = "engine " + std::to_string(candidate.engine_id);
+  for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
+    text += (knob == candidate.knobs_begin() ? " (" : ", ") + ("k" + std::to_string(knob->type)) + "=" +
+            std::to_string(knob->value);
+  }
+  return candidate.knob_count > 0 ? text + ")" : text;
+}
+
 std::string algorithm_name(Direction direction, int algorithm) {
   switch (direction) {
     case Direction::forward: return ForwardTraits::algorithm_name(algorithm);

@@ -85,6 +85,32 @@ Ranking<Traits> random_ranking(std::mt19937_64& random, cudnnMathType_t math_typ
   return Ranking<Traits>::of(candidates.begin(), candidates.end());
 }
 
+// A ranking of the graph API's kind: a few engine configs with sorted, distinct knob types.
+Ranking<GraphForwardTraits> random_engine_ranking(std::mt19937_64& random) {
+  std::vector<EngineCandidate> candidates;
+  const int count = std::uniform_int_distribution<int>(1, 5)(random);
+  for (int i = 0; i < count; ++i) {
+    EngineCandidate candidate;
+    candidate.engine_id = std::uniform_int_distribution<std::int64_t>(0, 80)(random);
+    std::int64_t type = 0;
+    const int knobs = std::uniform_int_distribution<int>(0, 6)(random);
+    for (int k = 0; k < knobs; ++k) {
+      type += std::uniform_int_distribution<std::int64_t>(1, 5)(random);
+      candidate.knobs[candidate.knob_count++] = {type, std::uniform_int_distribution<std::int64_t>(0, 16)(random)};
+    }
+    candidate.time_ms = std::uniform_real_distribution<float>(0.005f, 5.0f)(random);
+    candidate.workspace_bytes = std::uint64_t{1} << std::uniform_int_distribution<int>(0, 28)(random);
+    candidates.push_back(candidate);
+  }
+  return Ranking<GraphForwardTraits>::of(candidates.begin(), candidates.end());
+}
+
+// The same candidates, ranked for another direction of the graph API (the ranking rule does not depend on it).
+template <typename Traits>
+Ranking<Traits> as_ranking(const Ranking<GraphForwardTraits>& ranking) {
+  return Ranking<Traits>::of(ranking.begin(), ranking.end());
+}
+
 }  // namespace
 
 Origin synthetic_origin() {
@@ -97,13 +123,20 @@ void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t 
   const std::size_t target = caches.size() + entries;
   while (caches.size() < target) {
     const auto direction = static_cast<Direction>(std::uniform_int_distribution<int>(0, kDirectionCount - 1)(random));
+    const bool graph = std::uniform_int_distribution<int>(0, 1)(random) == 1;
     const ConvolutionKey key = random_key(random, direction);
     const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
-    for_each_direction([&](auto traits) {
+    for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
-      if (Traits::direction != direction) return;
+      constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
+      if (Traits::direction != direction || is_graph != graph) return;
       PerfCache<Traits>& cache = caches.get<Traits>();
-      if (!cache.find(key)) cache.insert(key, random_ranking<Traits>(random, math_type));
+      if (cache.find(key)) return;
+      if constexpr (is_graph) {
+        cache.insert(key, as_ranking<Traits>(random_engine_ranking(random)));
+      } else {
+        cache.insert(key, random_ranking<Traits>(random, math_type));
+      }
     });
   }
 }

@@ -85,12 +85,13 @@ int validate(const std::string& path) {
 int inspect(const std::string& path) {
   const Checkpoint checkpoint = read_checkpoint(path);
   std::vector<std::vector<std::string>> rows = {{"direction", "input", "weight", "output", "convolution", "dtype",
-                                                 "layout", "best", "time_ms", "workspace", "device"}};
+                                                 "layout", "api", "best", "time_ms", "workspace", "device"}};
   for (const CheckpointSection& section : checkpoint.sections) {
     std::ostringstream origin;
     origin << section.origin;
-    for_each_direction([&](auto traits) {
+    for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
+      const char* api = std::is_same_v<typename Traits::Candidate, EngineCandidate> ? "graph" : "legacy";
       for (const auto& [key, ranking] : section.entries<Traits>()) {
         const auto& best = ranking.front();
         std::ostringstream time;
@@ -98,8 +99,8 @@ int inspect(const std::string& path) {
         rows.push_back({to_string(Traits::direction), sizes_text(key.input.dims, key.input.nb_dims),
                         sizes_text(key.weight.dims, key.weight.nb_dims),
                         sizes_text(key.output.dims, key.output.nb_dims), convolution_text(key.convolution),
-                        data_type_name(key.input.data_type), layout_name(key.input),
-                        best.succeeded() ? Traits::algorithm_name(best.algorithm) : "(none succeeded)",
+                        data_type_name(key.input.data_type), layout_name(key.input), api,
+                        best.succeeded() ? Traits::describe(best) : "(none succeeded)",
                         best.succeeded() ? time.str() : "-", bytes_text(best.workspace_bytes), origin.str()});
       }
     });

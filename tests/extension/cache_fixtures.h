@@ -57,8 +57,8 @@ std::string to_text(const Ranking<Traits>& ranking) {
   out << '[';
   for (std::size_t i = 0; i < ranking.size(); ++i) {
     const auto& c = ranking[i];
-    out << (i ? ", " : "") << Traits::algorithm_name(c.algorithm) << '/' << c.math_type << ' ' << c.time_ms << "ms "
-        << c.workspace_bytes << "B " << (c.succeeded() ? std::string("ok") : "status " + std::to_string(c.status));
+    out << (i ? ", " : "") << Traits::describe(c) << ' ' << c.time_ms << "ms " << c.workspace_bytes << "B "
+        << (c.succeeded() ? "ok" : "failed");
   }
   return out.str() + ']';
 }
@@ -76,7 +76,7 @@ inline std::string difference(const Checkpoint& a, const Checkpoint& b) {
       out << "section " << s << ": origin " << x.origin << " vs " << y.origin;
       return out.str();
     }
-    for_each_direction([&](auto traits) {
+    for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
       const auto& xs = x.entries<Traits>();
       const auto& ys = y.entries<Traits>();

@@ -411,3 +411,89 @@ TEST_CASE("saving over an existing file replaces it", "[checkpoint]") {
   CHECK(difference(snapshot(second), read_checkpoint(path)) == "");
   CHECK(folder.listing() == std::vector<std::string>{"cache.bin"});
 }
+
+// --- Format versions and the graph API's entries ---------------------------------------------------------------
+
+namespace {
+
+EngineCandidate engine(std::int64_t id, float time_ms, std::initializer_list<Knob> knobs = {}) {
+  EngineCandidate result;
+  result.engine_id = id;
+  result.time_ms = time_ms;
+  for (const Knob& knob : knobs) result.knobs[result.knob_count++] = knob;
+  return result;
+}
+
+using GraphFwd = GraphForwardTraits;
+
+}  // namespace
+
+TEST_CASE("engine configs round-trip with their knobs, next to the legacy entries", "[checkpoint][graph]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  const auto ranking =
+      Ranking<GraphFwd>::of({engine(71, 0.02f), engine(22, 0.06f, {{2, 16}, {13, 0}, {14, 3}}), engine(0, 1.9f)});
+  store.caches(running_origin()).graph_forward.insert(conv_key(Direction::forward), ranking);
+  const Checkpoint written = snapshot(store);
+  REQUIRE(written.header.format_version == kFormatVersion);
+  const Checkpoint read = deserialize(serialize(written), "graph.bin");
+  CHECK(difference(written, read) == "");
+  REQUIRE(read.sections[0].graph_forward.size() == 1);
+  const auto& loaded = read.sections[0].graph_forward[0].second;
+  CHECK(loaded == ranking);
+  CHECK(to_string(loaded[1]) == "engine 22 (k2=16, k13=0, k14=3)");
+}
+
+TEST_CASE("a version-1 file, which has no graph entries, still loads", "[checkpoint][graph]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  Checkpoint checkpoint = snapshot(store);
+  for (auto& section : checkpoint.sections) {
+    section.graph_forward.clear();
+    section.graph_backward_data.clear();
+    section.graph_backward_filter.clear();
+  }
+  REQUIRE(checkpoint.size() > 0);
+  checkpoint.header.format_version = 1;
+  const std::string bytes = serialize(checkpoint);
+  CHECK(get_u32(bytes, 9) == 1);
+  const Checkpoint read = deserialize(bytes, "old.bin");
+  CHECK(read.header.format_version == 1);
+  CHECK(difference(checkpoint, read) == "");
+}
+
+TEST_CASE("format 1 cannot be written with graph entries", "[checkpoint][graph]") {
+  CacheStore store;
+  store.caches(running_origin()).graph_backward_filter.insert(conv_key(Direction::backward_filter),
+                                                              Ranking<GraphBackwardFilterTraits>::of({engine(3, 1.0f)}));
+  Checkpoint checkpoint = snapshot(store);
+  checkpoint.header.format_version = 1;
+  CHECK_THAT(error_of([&] { serialize(checkpoint); }), Contains("cannot hold graph-API entries"));
+}
+
+TEST_CASE("a file with a valid checksum but an invalid engine config is rejected", "[checkpoint][graph]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  Checkpoint checkpoint = snapshot(store);
+  EngineCandidate bad = engine(5, 1.0f, {{4, 1}, {9, 2}});
+  std::string reason;
+  SECTION("a negative engine id") {
+    bad.engine_id = -3;
+    reason = "engine id -3";
+  }
+  SECTION("knobs out of order") {
+    std::swap(bad.knobs[0], bad.knobs[1]);
+    reason = "knob types";
+  }
+  SECTION("a negative time") {
+    bad.time_ms = -1.0f;
+    reason = "time -1";
+  }
+  // Built by hand: Ranking::of would not check what the loader must.
+  std::array<EngineCandidate, 1> one{bad};
+  checkpoint.sections[0].graph_forward = {{conv_key(Direction::forward),
+                                           Ranking<GraphFwd>::of(one.begin(), one.end())}};
+  CAPTURE(reason);
+  CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") && Contains(reason));
+}

@@ -15,7 +15,7 @@ std::vector<ConvolutionKey> synthetic_keys(std::size_t count) {
   const Checkpoint checkpoint = snapshot(store);
   std::vector<ConvolutionKey> keys;
   for (const auto& section : checkpoint.sections) {
-    for_each_direction([&](auto traits) {
+    for_each_cache([&](auto traits) {
       for (const auto& entry : section.entries<decltype(traits)>()) keys.push_back(entry.first);
     });
   }

@@ -393,3 +393,35 @@ TEST_CASE("algorithm_name names each direction's algorithms", "[perf_cache]") {
   CHECK(BackwardDataTraits::algorithm_name(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD) == "WINOGRAD");
   CHECK(BackwardFilterTraits::algorithm_name(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT) == "FFT");
 }
+
+TEST_CASE("engine configs rank and merge by the same rule, one measurement per engine and knobs", "[perf_cache]") {
+  auto engine = [](std::int64_t id, float time_ms, std::uint64_t workspace, std::int64_t knob_value) {
+    EngineCandidate result;
+    result.engine_id = id;
+    result.time_ms = time_ms;
+    result.workspace_bytes = workspace;
+    result.knobs[result.knob_count++] = {2, knob_value};
+    return result;
+  };
+  using Graph = GraphForwardTraits;
+  const auto ranking = Ranking<Graph>::of({engine(7, 2.0f, 0, 1), engine(9, 1.0f, 64, 1), engine(9, 1.0f, 8, 2),
+                                           engine(7, 1.5f, 0, 1)});
+  REQUIRE(ranking.size() == 3);  // engine 7 with knob 1 measured twice: the faster one is kept
+  CHECK(ranking[0].engine_id == 9);
+  CHECK(ranking[0].workspace_bytes == 8);  // equal times: the smaller workspace first
+  CHECK(ranking[1].workspace_bytes == 64);
+  CHECK(ranking[2].engine_id == 7);
+  CHECK(ranking[2].time_ms == 1.5f);
+
+  const auto merged = merge(ranking, Ranking<Graph>::of({engine(9, 0.5f, 64, 1), engine(30, 3.0f, 0, 0)}));
+  REQUIRE(merged.size() == 4);
+  CHECK(merged[0].engine_id == 9);
+  CHECK(merged[0].time_ms == 0.5f);  // the faster measurement of engine 9, knob 1 wins
+  CHECK(merged[3].engine_id == 30);
+
+  PerfCache<Graph> cache;
+  CHECK_FALSE(cache.find(conv_key(Direction::forward)));
+  cache.insert(conv_key(Direction::forward), ranking);
+  CHECK(cache.find(conv_key(Direction::forward)) == ranking);
+  CHECK_THROWS_AS(cache.insert(conv_key(Direction::backward_data), ranking), Error);
+}

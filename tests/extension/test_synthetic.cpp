@@ -16,7 +16,7 @@ std::vector<ConvolutionKey> keys_of(const CacheStore& store, const Origin& origi
   std::vector<ConvolutionKey> keys;
   const DirectionCaches* caches = store.find(origin);
   if (!caches) return keys;
-  for_each_direction([&](auto traits) {
+  for_each_cache([&](auto traits) {
     for (const auto& entry : caches->get<decltype(traits)>().entries()) keys.push_back(entry.first);
   });
   return keys;
@@ -61,7 +61,7 @@ TEST_CASE("synthetic rankings are valid rankings", "[synthetic]") {
   add_synthetic_entries(store, synthetic_origin(), 300);
   const Checkpoint checkpoint = snapshot(store);
   REQUIRE(checkpoint.sections.size() == 1);
-  for_each_direction([&](auto traits) {
+  for_each_cache([&](auto traits) {
     using Traits = decltype(traits);
     for (const auto& [key, ranking] : checkpoint.sections[0].entries<Traits>()) {
       INFO(key << ": " << testing::to_text(ranking));
@@ -86,6 +86,9 @@ TEST_CASE("synthetic entries cover every direction, several data types and both 
   CHECK(caches.forward.size() > 0);
   CHECK(caches.backward_data.size() > 0);
   CHECK(caches.backward_filter.size() > 0);
+  CHECK(caches.graph_forward.size() > 0);
+  CHECK(caches.graph_backward_data.size() > 0);
+  CHECK(caches.graph_backward_filter.size() > 0);
 
   std::set<std::int32_t> data_types, filter_formats, ranks;
   std::set<std::string> input_layouts;

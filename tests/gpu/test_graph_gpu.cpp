@@ -183,12 +183,12 @@ TEST_CASE("the best engine config, replayed alone, computes what the legacy API 
       Buffer& written = direction == Direction::forward ? y : direction == Direction::backward_data ? x : w;
       const ConvolutionBuffers buffers{x.data, w.data, y.data};
 
-      const std::vector<EngineConfig> configs = search_engine_configs(handle.handle, key, buffers, allocate);
+      const std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, key, buffers, allocate);
       REQUIRE(!configs.empty());
       for (std::size_t i = 1; i < configs.size(); ++i) CHECK(configs[i - 1].time_ms <= configs[i].time_ms);
       CHECK(configs.front().engine_id >= 0);
       WARN(problem.name << " " << to_string(direction) << ": " << configs.size() << " configs, best "
-                        << configs.front().name << " " << configs.front().time_ms << " ms");
+                        << to_string(configs.front()) << " " << configs.front().time_ms << " ms");
 
       const GraphPlan plan(handle.handle, key, configs.front());
       auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : nullptr;
@@ -213,7 +213,7 @@ TEST_CASE("the best engine config, replayed alone, computes what the legacy API 
 
 TEST_CASE("a config cuDNN does not know fails with an Error, not a crash", "[gpu][graph]") {
   Handle handle;
-  EngineConfig unknown;
+  EngineCandidate unknown;
   unknown.engine_id = 1 << 20;
   CHECK_THROWS_AS(GraphPlan(handle.handle, problems()[1].key, unknown), Error);
 }

@@ -172,6 +172,8 @@ c10::Dict<std::string, std::int64_t> stats() {
 
 void reset_stats() { Runtime::instance().reset_stats(); }
 
+std::int64_t format_version() { return kFormatVersion; }
+
 void set_miss_policy(const std::string& policy) {
   Runtime::instance().set_miss_policy(rethrow([&] { return miss_policy_from_string(policy); }));
 }
@@ -198,6 +200,7 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("load", &load);
   m.impl("stats", &stats);
   m.impl("reset_stats", &reset_stats);
+  m.impl("format_version", &format_version);
   m.impl("set_miss_policy", &set_miss_policy);
   m.impl("get_miss_policy", &get_miss_policy);
 }

@@ -34,6 +34,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("load(str path) -> int");
   m.def("stats() -> Dict(str, int)");
   m.def("reset_stats() -> ()");
+  m.def("format_version() -> int");
   m.def("set_miss_policy(str policy) -> ()");
   m.def("get_miss_policy() -> str");
 }

@@ -25,9 +25,10 @@ from . import functional  # noqa: E402  (needs the ops registered)
 from .modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, convert  # noqa: E402
 
 __version__ = "0.1.0"
-FORMAT_VERSION = 1  # the cache file format this build writes (extension/include/cudnn_cache/checkpoint.h)
 
 _ops = torch.ops.cudnn_cache
+
+FORMAT_VERSION = _ops.format_version()  # the cache file format this build writes; it reads 1 up to this one
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "clear", "conv_key",

@@ -14,37 +14,62 @@
 
 namespace cudnn_cache {
 
-// The three perf caches of one origin.
+// The perf caches of one origin: the legacy algorithms' and the graph API's engine configs, per direction.
 struct DirectionCaches {
   PerfCache<ForwardTraits> forward;
   PerfCache<BackwardDataTraits> backward_data;
   PerfCache<BackwardFilterTraits> backward_filter;
+  PerfCache<GraphForwardTraits> graph_forward;
+  PerfCache<GraphBackwardDataTraits> graph_backward_data;
+  PerfCache<GraphBackwardFilterTraits> graph_backward_filter;
 
-  // The cache of the direction Traits describes.
+  // The cache of the backend and direction Traits describes.
   template <typename Traits>
   PerfCache<Traits>& get() {
-    return std::get<static_cast<std::size_t>(Traits::direction)>(std::tie(forward, backward_data, backward_filter));
+    return std::get<PerfCache<Traits>&>(std::tie(forward, backward_data, backward_filter, graph_forward,
+                                                 graph_backward_data, graph_backward_filter));
   }
   template <typename Traits>
   const PerfCache<Traits>& get() const {
     return const_cast<DirectionCaches*>(this)->get<Traits>();
   }
 
-  // Entries in all three caches.
-  std::size_t size() const { return forward.size() + backward_data.size() + backward_filter.size(); }
+  // Entries in all six caches.
+  std::size_t size() const {
+    return forward.size() + backward_data.size() + backward_filter.size() + graph_forward.size() +
+           graph_backward_data.size() + graph_backward_filter.size();
+  }
   void clear() {
     forward.clear();
     backward_data.clear();
     backward_filter.clear();
+    graph_forward.clear();
+    graph_backward_data.clear();
+    graph_backward_filter.clear();
   }
 };
 
-// Calls f(Traits{}) for each direction's traits, in Direction order.
+// Calls f(Traits{}) for each direction's legacy traits, in Direction order.
 template <typename F>
 void for_each_direction(F&& f) {
   f(ForwardTraits{});
   f(BackwardDataTraits{});
   f(BackwardFilterTraits{});
+}
+
+// Calls f(Traits{}) for each direction's graph-API traits, in Direction order.
+template <typename F>
+void for_each_graph_direction(F&& f) {
+  f(GraphForwardTraits{});
+  f(GraphBackwardDataTraits{});
+  f(GraphBackwardFilterTraits{});
+}
+
+// Calls f(Traits{}) for every cache of an origin: the legacy directions, then the graph API's.
+template <typename F>
+void for_each_cache(F&& f) {
+  for_each_direction(f);
+  for_each_graph_direction(f);
 }
 
 // Every origin's caches. Safe to use from many threads at once.

@@ -15,8 +15,9 @@
 
 namespace cudnn_cache {
 
-// The format this build writes; it reads every version from 1 up to this one.
-inline constexpr std::uint32_t kFormatVersion = 1;
+// The format this build writes; it reads every version from 1 up to this one. Version 2 added the graph API's
+// engine configs; a version-1 file simply has none.
+inline constexpr std::uint32_t kFormatVersion = 2;
 
 // The first bytes of every cache file after cereal's endianness byte.
 inline constexpr std::array<char, 8> kMagic = {'C', 'D', 'N', 'N', 'C', 'A', 'C', 'H'};
@@ -28,23 +29,30 @@ struct CheckpointHeader {
   std::uint32_t cuda_runtime_version = 0;  // cudaRuntimeGetVersion() of the writer, e.g. 13000
 };
 
-// The entries of one origin, each direction sorted by key.
+// The entries of one origin, each cache sorted by key.
 struct CheckpointSection {
   Origin origin;
   std::vector<PerfCache<ForwardTraits>::Entry> forward;
   std::vector<PerfCache<BackwardDataTraits>::Entry> backward_data;
   std::vector<PerfCache<BackwardFilterTraits>::Entry> backward_filter;
+  std::vector<PerfCache<GraphForwardTraits>::Entry> graph_forward;
+  std::vector<PerfCache<GraphBackwardDataTraits>::Entry> graph_backward_data;
+  std::vector<PerfCache<GraphBackwardFilterTraits>::Entry> graph_backward_filter;
 
   template <typename Traits>
   std::vector<typename PerfCache<Traits>::Entry>& entries() {
-    return std::get<static_cast<std::size_t>(Traits::direction)>(std::tie(forward, backward_data, backward_filter));
+    return std::get<std::vector<typename PerfCache<Traits>::Entry>&>(std::tie(
+        forward, backward_data, backward_filter, graph_forward, graph_backward_data, graph_backward_filter));
   }
   template <typename Traits>
   const std::vector<typename PerfCache<Traits>::Entry>& entries() const {
     return const_cast<CheckpointSection*>(this)->entries<Traits>();
   }
 
-  std::size_t size() const { return forward.size() + backward_data.size() + backward_filter.size(); }
+  std::size_t size() const {
+    return forward.size() + backward_data.size() + backward_filter.size() + graph_forward.size() +
+           graph_backward_data.size() + graph_backward_filter.size();
+  }
 };
 
 // The whole content of a cache file, detached from any store.
@@ -68,7 +76,8 @@ Checkpoint snapshot(const CacheStore& store);
 // Merges every entry into the store (Note [Selection, merge and fallback policy]).
 void merge_into(CacheStore& store, const Checkpoint& checkpoint);
 
-// The file's bytes for a checkpoint.
+// The file's bytes for a checkpoint, in the format version its header names (kFormatVersion from snapshot).
+// Throws Error if that version cannot hold its content (graph-API entries need version 2).
 std::string serialize(const Checkpoint& checkpoint);
 
 // Parses and checks a file's bytes. `source` names them in errors. Throws Error saying what is wrong: wrong

@@ -34,22 +34,6 @@ class Graph;
 
 namespace cudnn_cache {
 
-// One knob choice: a cudnn_frontend::KnobType_t value and the chosen value.
-struct Knob {
-  std::int64_t type = 0;
-  std::int64_t value = 0;
-  friend bool operator==(const Knob& a, const Knob& b) { return a.type == b.type && a.value == b.value; }
-};
-
-// A timed engine config; see Note [Engine configs].
-struct EngineConfig {
-  std::int64_t engine_id = -1;
-  std::vector<Knob> knobs;  // sorted by type
-  float time_ms = 0.0f;     // median of the timed runs
-  std::uint64_t workspace_bytes = 0;
-  std::string name;  // cuDNN's plan name, e.g. "eng22_k2=16_k13=0", for people
-};
-
 // How search_engine_configs times candidates.
 struct GraphSearchOptions {
   int warmup = 3;
@@ -57,10 +41,10 @@ struct GraphSearchOptions {
   bool deterministic = false;
 };
 
-// Times every engine config cuDNN offers for the key on the buffers and returns them fastest first (on equal
-// times, the smaller workspace first). The direction's output buffer is overwritten. Throws Error if cuDNN
+// Times every engine config cuDNN offers for the key on the buffers and returns them ranked (Note
+// [Selection, merge and fallback policy]). The direction's output buffer is overwritten. Throws Error if cuDNN
 // cannot express the problem as a graph or no config runs.
-std::vector<EngineConfig> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
+std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                                 const GraphSearchOptions& options = {});
 
@@ -69,7 +53,7 @@ class GraphPlan {
  public:
   // Builds the plan without heuristics. Throws Error (status CUDNN_STATUS_NOT_SUPPORTED when cuDNN refuses
   // the config, e.g. one stored by another cuDNN release).
-  GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineConfig& config);
+  GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config);
 
   std::uint64_t workspace_bytes() const { return workspace_bytes_; }
 

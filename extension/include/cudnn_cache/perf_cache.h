@@ -10,10 +10,11 @@
 //   2. among those that ran, the faster measured time first;
 //   3. on equal times, the smaller workspace first;
 //   4. then by algorithm, math type and determinism, so that the order is total and files are reproducible.
-// A ranking holds one candidate per (algorithm, math type) and at most kMaxCandidates of them.
+// A ranking holds one candidate per choice (legacy: algorithm and math type; graph API: engine and knobs)
+// and at most kMaxCandidates of them.
 //
 // Merge rule. When a key already has a ranking (a load into a non-empty cache, merging two files, a re-tune),
-// the two are merged candidate by candidate: for each (algorithm, math type) the better measurement by the
+// the two are merged candidate by candidate: for each choice the better measurement by the
 // order above is kept (a faster measured time wins; on a tie, the smaller workspace wins; a success beats a
 // failure), and the union is ranked again. Measurements are never averaged: each one is a median already.
 //
@@ -34,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -45,30 +47,40 @@
 
 namespace cudnn_cache {
 
-// Direction traits: the cuDNN algorithm and perf types of each direction.
+template <typename Traits>
+struct Candidate;
+
+// Direction traits of the legacy API: the cuDNN algorithm and perf types of each direction.
 struct ForwardTraits {
+  using Candidate = cudnn_cache::Candidate<ForwardTraits>;
   static constexpr Direction direction = Direction::forward;
   using Algorithm = cudnnConvolutionFwdAlgo_t;
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   static constexpr int algorithm_count = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
   // cuDNN's name without the common prefix, e.g. "IMPLICIT_PRECOMP_GEMM".
   static std::string algorithm_name(int algorithm);
+  // The candidate's choice, for listings.
+  static std::string describe(const Candidate& candidate);
 };
 
 struct BackwardDataTraits {
+  using Candidate = cudnn_cache::Candidate<BackwardDataTraits>;
   static constexpr Direction direction = Direction::backward_data;
   using Algorithm = cudnnConvolutionBwdDataAlgo_t;
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   static constexpr int algorithm_count = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   static std::string algorithm_name(int algorithm);
+  static std::string describe(const Candidate& candidate);
 };
 
 struct BackwardFilterTraits {
+  using Candidate = cudnn_cache::Candidate<BackwardFilterTraits>;
   static constexpr Direction direction = Direction::backward_filter;
   using Algorithm = cudnnConvolutionBwdFilterAlgo_t;
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   static constexpr int algorithm_count = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
   static std::string algorithm_name(int algorithm);
+  static std::string describe(const Candidate& candidate);
 };
 
 // The name of an algorithm of the given direction, or "ALGO_<n>" for a number cuDNN does not define.
@@ -96,6 +108,16 @@ struct Candidate {
 
   bool succeeded() const { return status == CUDNN_STATUS_SUCCESS; }
 
+  // One measurement per choice is kept in a ranking: an algorithm with a math type.
+  bool same_choice(const Candidate& other) const {
+    return algorithm == other.algorithm && math_type == other.math_type;
+  }
+  // A total order among candidates whose time and workspace do not decide.
+  bool tie_break_less(const Candidate& other) const {
+    return std::tie(algorithm, math_type, determinism, status) <
+           std::tie(other.algorithm, other.math_type, other.determinism, other.status);
+  }
+
   friend bool operator==(const Candidate& a, const Candidate& b) {
     return a.algorithm == b.algorithm && a.status == b.status && a.time_ms == b.time_ms &&
            a.workspace_bytes == b.workspace_bytes && a.determinism == b.determinism && a.math_type == b.math_type;
@@ -103,25 +125,78 @@ struct Candidate {
   friend bool operator!=(const Candidate& a, const Candidate& b) { return !(a == b); }
 };
 
+// One knob choice of a graph-API engine: a cudnn_frontend::KnobType_t value and the value chosen.
+struct Knob {
+  std::int64_t type = 0;
+  std::int64_t value = 0;
+  friend bool operator==(const Knob& a, const Knob& b) { return a.type == b.type && a.value == b.value; }
+  friend bool operator!=(const Knob& a, const Knob& b) { return !(a == b); }
+  friend bool operator<(const Knob& a, const Knob& b) {
+    return std::tie(a.type, a.value) < std::tie(b.type, b.value);
+  }
+};
+
+// Engines take at most this many knobs (seen on Hopper: 6).
+inline constexpr std::size_t kMaxKnobs = 12;
+
+// One timed engine config of the graph API: see Note [Engine configs] in graph.h. Only configs that ran are
+// stored, so a stored one always "succeeded"; one that fails later is a fallback at run time.
+struct EngineCandidate {
+  std::int64_t engine_id = -1;
+  std::array<Knob, kMaxKnobs> knobs{};  // the first knob_count, sorted by type; the rest zero
+  std::int32_t knob_count = 0;
+  float time_ms = 0.0f;  // median measured time
+  std::uint64_t workspace_bytes = 0;
+
+  bool succeeded() const { return true; }
+  const Knob* knobs_begin() const { return knobs.data(); }
+  const Knob* knobs_end() const { return knobs.data() + knob_count; }
+
+  bool same_choice(const EngineCandidate& other) const {
+    return engine_id == other.engine_id &&
+           std::equal(knobs_begin(), knobs_end(), other.knobs_begin(), other.knobs_end());
+  }
+  bool tie_break_less(const EngineCandidate& other) const {
+    if (engine_id != other.engine_id) return engine_id < other.engine_id;
+    return std::lexicographical_compare(knobs_begin(), knobs_end(), other.knobs_begin(), other.knobs_end());
+  }
+
+  friend bool operator==(const EngineCandidate& a, const EngineCandidate& b) {
+    return a.same_choice(b) && a.time_ms == b.time_ms && a.workspace_bytes == b.workspace_bytes;
+  }
+  friend bool operator!=(const EngineCandidate& a, const EngineCandidate& b) { return !(a == b); }
+};
+
+// "engine 22 (k2=16, k13=0)": the engine's global index and knob choices (cudnn-frontend's knob numbering).
+std::string to_string(const EngineCandidate& candidate);
+
+// Direction traits of the graph API.
+template <Direction D>
+struct GraphTraits {
+  static constexpr Direction direction = D;
+  using Candidate = EngineCandidate;
+  static std::string describe(const Candidate& candidate) { return to_string(candidate); }
+};
+using GraphForwardTraits = GraphTraits<Direction::forward>;
+using GraphBackwardDataTraits = GraphTraits<Direction::backward_data>;
+using GraphBackwardFilterTraits = GraphTraits<Direction::backward_filter>;
+
 // True when a ranks before b; see Note [Selection, merge and fallback policy].
 template <typename Traits>
-bool ranks_before(const Candidate<Traits>& a, const Candidate<Traits>& b) {
+bool ranks_before(const typename Traits::Candidate& a, const typename Traits::Candidate& b) {
   if (a.succeeded() != b.succeeded()) return a.succeeded();
   if (a.succeeded()) {
     if (a.time_ms != b.time_ms) return a.time_ms < b.time_ms;
     if (a.workspace_bytes != b.workspace_bytes) return a.workspace_bytes < b.workspace_bytes;
   }
-  if (a.algorithm != b.algorithm) return a.algorithm < b.algorithm;
-  if (a.math_type != b.math_type) return a.math_type < b.math_type;
-  if (a.determinism != b.determinism) return a.determinism < b.determinism;
-  return a.status < b.status;
+  return a.tie_break_less(b);
 }
 
 // The candidates of one key, best first, with no heap allocation so a cache hit copies it cheaply.
 template <typename Traits>
 class Ranking {
  public:
-  using value_type = Candidate<Traits>;
+  using value_type = typename Traits::Candidate;
   using const_iterator = const value_type*;
 
   Ranking() = default;
@@ -134,9 +209,8 @@ class Ranking {
     Ranking ranking;
     for (const value_type& candidate : all) {
       if (ranking.size_ == kMaxCandidates) break;
-      const bool seen = std::any_of(ranking.begin(), ranking.end(), [&](const value_type& kept) {
-        return kept.algorithm == candidate.algorithm && kept.math_type == candidate.math_type;
-      });
+      const bool seen = std::any_of(ranking.begin(), ranking.end(),
+                                    [&](const value_type& kept) { return kept.same_choice(candidate); });
       if (!seen) ranking.candidates_[ranking.size_++] = candidate;  // the first seen is the better one
     }
     return ranking;
@@ -144,7 +218,8 @@ class Ranking {
   static Ranking of(std::initializer_list<value_type> candidates) { return of(candidates.begin(), candidates.end()); }
 
   // The ranking of what a cudnnFind*AlgorithmEx call returned.
-  static Ranking of_perfs(const typename Traits::Perf* perfs, int count) {
+  template <typename Perf>  // Traits::Perf; a template so the graph API's traits need none
+  static Ranking of_perfs(const Perf* perfs, int count) {
     std::vector<value_type> candidates;
     for (int i = 0; i < count; ++i) candidates.push_back(value_type::from_perf(perfs[i]));
     return of(candidates.begin(), candidates.end());
@@ -169,7 +244,7 @@ class Ranking {
 // The merge rule of Note [Selection, merge and fallback policy].
 template <typename Traits>
 Ranking<Traits> merge(const Ranking<Traits>& a, const Ranking<Traits>& b) {
-  std::vector<Candidate<Traits>> all(a.begin(), a.end());
+  std::vector<typename Traits::Candidate> all(a.begin(), a.end());
   all.insert(all.end(), b.begin(), b.end());
   return Ranking<Traits>::of(all.begin(), all.end());
 }

@@ -135,6 +135,34 @@ void load(Archive& archive, Candidate<Traits>& candidate, std::uint32_t const /*
   candidate.math_type = static_cast<cudnnMathType_t>(math_type);
 }
 
+template <class Archive>
+void save(Archive& archive, const EngineCandidate& candidate, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
+          CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes), CEREAL_NVP_("knob_count", candidate.knob_count));
+  for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
+    archive(CEREAL_NVP_("type", knob->type), CEREAL_NVP_("value", knob->value));
+  }
+}
+
+// A loaded config must be one a search could have stored: a real engine, a time, sorted distinct knobs.
+template <class Archive>
+void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
+          CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes), CEREAL_NVP_("knob_count", candidate.knob_count));
+  if (candidate.engine_id < 0) detail::throw_invalid("engine id ", candidate.engine_id);
+  if (!std::isfinite(candidate.time_ms) || candidate.time_ms < 0) detail::throw_invalid("time ", candidate.time_ms);
+  if (candidate.knob_count < 0 || candidate.knob_count > static_cast<std::int32_t>(kMaxKnobs)) {
+    detail::throw_invalid(candidate.knob_count, " knobs");
+  }
+  for (std::int32_t i = 0; i < candidate.knob_count; ++i) {
+    Knob& knob = candidate.knobs[i];
+    archive(CEREAL_NVP_("type", knob.type), CEREAL_NVP_("value", knob.value));
+    if (knob.type <= 0 || (i > 0 && candidate.knobs[i - 1].type >= knob.type)) {
+      detail::throw_invalid("knob types are not positive, sorted and distinct");
+    }
+  }
+}
+
 template <class Archive, typename Traits>
 void save(Archive& archive, const Ranking<Traits>& ranking, std::uint32_t const /*version*/) {
   archive(cereal::make_size_tag(static_cast<cereal::size_type>(ranking.size())));
@@ -147,7 +175,7 @@ void load(Archive& archive, Ranking<Traits>& ranking, std::uint32_t const /*vers
   cereal::size_type size = 0;
   archive(cereal::make_size_tag(size));
   if (size < 1 || size > kMaxCandidates) detail::throw_invalid("ranking of ", size, " candidates");
-  std::array<Candidate<Traits>, kMaxCandidates> candidates{};
+  std::array<typename Traits::Candidate, kMaxCandidates> candidates{};
   for (cereal::size_type i = 0; i < size; ++i) archive(candidates[i]);
   ranking = Ranking<Traits>::of(candidates.begin(), candidates.begin() + size);
   if (ranking.size() != size || !std::equal(ranking.begin(), ranking.end(), candidates.begin())) {
@@ -169,3 +197,7 @@ CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::BackwardFilterTraits>, 
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::ForwardTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardDataTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardFilterTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::EngineCandidate, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphForwardTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphBackwardDataTraits>, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphBackwardFilterTraits>, 1)

@@ -12,7 +12,8 @@ namespace cudnn_cache {
 Origin synthetic_origin();
 
 // Adds `entries` distinct, valid entries (1-D, 2-D and 3-D problems over every supported data type, layout,
-// stride, dilation and group count, spread over the three directions) to the store under `origin`.
+// stride, dilation and group count, spread over the three directions of both the legacy and the graph-API
+// caches) to the store under `origin`.
 // The same seed gives the same entries.
 void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t entries, std::uint64_t seed = 1);
 
