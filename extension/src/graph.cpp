@@ -16,6 +16,8 @@ namespace {
 
 namespace fe = cudnn_frontend;
 using fe::graph::Graph;
+
+static_assert(EngineCandidate::kRuntimeCompiled == 1 << static_cast<int>(fe::BehaviorNote_t::RUNTIME_COMPILATION));
 using fe::graph::Tensor_attributes;
 
 // Fixed uids: the variant pack does not depend on the direction.
@@ -220,6 +222,10 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
     for (const auto& [type, value] : knobs) config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
     std::sort(config.knobs.begin(), config.knobs.begin() + config.knob_count);
     config.workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
+    std::vector<fe::BehaviorNote_t> notes;
+    if (graph->get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
+      for (fe::BehaviorNote_t note : notes) config.behavior_notes |= 1 << static_cast<int>(note);
+    }
     std::unique_ptr<Workspace> workspace;
     if (workspace_bytes > 0 && !(workspace = allocate(config.workspace_bytes))) continue;  // out of memory
     config.time_ms = time_plan(*graph, handle, pack, workspace ? workspace->data() : nullptr, index, options);

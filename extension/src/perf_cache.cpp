@@ -36,7 +36,9 @@ std::string to_string(const EngineCandidate& candidate) {
     text += (knob == candidate.knobs_begin() ? " (" : ", ") + ("k" + std::to_string(knob->type)) + "=" +
             std::to_string(knob->value);
   }
-  return candidate.knob_count > 0 ? text + ")" : text;
+  if (candidate.knob_count > 0) text += ")";
+  if (candidate.behavior_notes & EngineCandidate::kRuntimeCompiled) text += " runtime-compiled";
+  return text;
 }
 
 std::string algorithm_name(Direction direction, int algorithm) {

@@ -100,6 +100,7 @@ Ranking<GraphForwardTraits> random_engine_ranking(std::mt19937_64& random) {
     }
     candidate.time_ms = std::uniform_real_distribution<float>(0.005f, 5.0f)(random);
     candidate.workspace_bytes = std::uint64_t{1} << std::uniform_int_distribution<int>(0, 28)(random);
+    if (std::uniform_int_distribution<int>(0, 3)(random) == 0) candidate.behavior_notes = EngineCandidate::kRuntimeCompiled;
     candidates.push_back(candidate);
   }
   return Ranking<GraphForwardTraits>::of(candidates.begin(), candidates.end());

@@ -431,8 +431,10 @@ using GraphFwd = GraphForwardTraits;
 TEST_CASE("engine configs round-trip with their knobs, next to the legacy entries", "[checkpoint][graph]") {
   CacheStore store;
   add_handcrafted_entries(store, running_origin());
+  EngineCandidate compiled = engine(0, 1.9f);
+  compiled.behavior_notes = EngineCandidate::kRuntimeCompiled;
   const auto ranking =
-      Ranking<GraphFwd>::of({engine(71, 0.02f), engine(22, 0.06f, {{2, 16}, {13, 0}, {14, 3}}), engine(0, 1.9f)});
+      Ranking<GraphFwd>::of({engine(71, 0.02f), engine(22, 0.06f, {{2, 16}, {13, 0}, {14, 3}}), compiled});
   store.caches(running_origin()).graph_forward.insert(conv_key(Direction::forward), ranking);
   const Checkpoint written = snapshot(store);
   REQUIRE(written.header.format_version == kFormatVersion);
@@ -442,6 +444,7 @@ TEST_CASE("engine configs round-trip with their knobs, next to the legacy entrie
   const auto& loaded = read.sections[0].graph_forward[0].second;
   CHECK(loaded == ranking);
   CHECK(to_string(loaded[1]) == "engine 22 (k2=16, k13=0, k14=3)");
+  CHECK(to_string(loaded[2]) == "engine 0 runtime-compiled");
 }
 
 TEST_CASE("a version-1 file, which has no graph entries, still loads", "[checkpoint][graph]") {
@@ -488,6 +491,10 @@ TEST_CASE("a file with a valid checksum but an invalid engine config is rejected
   SECTION("a negative time") {
     bad.time_ms = -1.0f;
     reason = "time -1";
+  }
+  SECTION("negative behavior notes") {
+    bad.behavior_notes = -8;
+    reason = "behavior notes -8";
   }
   // Built by hand: Ranking::of would not check what the loader must.
   std::array<EngineCandidate, 1> one{bad};

@@ -147,6 +147,10 @@ struct EngineCandidate {
   std::int32_t knob_count = 0;
   float time_ms = 0.0f;  // median measured time
   std::uint64_t workspace_bytes = 0;
+  std::int32_t behavior_notes = 0;  // bit n set: cudnn_frontend::BehaviorNote_t value n (see kRuntimeCompiled)
+
+  // The behavior note cuDNN gives engines it compiles at run time (BehaviorNote_t::RUNTIME_COMPILATION).
+  static constexpr std::int32_t kRuntimeCompiled = 1 << 1;
 
   bool succeeded() const { return true; }
   const Knob* knobs_begin() const { return knobs.data(); }
@@ -162,12 +166,14 @@ struct EngineCandidate {
   }
 
   friend bool operator==(const EngineCandidate& a, const EngineCandidate& b) {
-    return a.same_choice(b) && a.time_ms == b.time_ms && a.workspace_bytes == b.workspace_bytes;
+    return a.same_choice(b) && a.time_ms == b.time_ms && a.workspace_bytes == b.workspace_bytes &&
+           a.behavior_notes == b.behavior_notes;
   }
   friend bool operator!=(const EngineCandidate& a, const EngineCandidate& b) { return !(a == b); }
 };
 
-// "engine 22 (k2=16, k13=0)": the engine's global index and knob choices (cudnn-frontend's knob numbering).
+// "engine 22 (k2=16, k13=0)": the engine's global index and knob choices (cudnn-frontend's knob numbering),
+// and " runtime-compiled" when cuDNN compiles it at run time.
 std::string to_string(const EngineCandidate& candidate);
 
 // Direction traits of the graph API.

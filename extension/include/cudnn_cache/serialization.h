@@ -138,7 +138,8 @@ void load(Archive& archive, Candidate<Traits>& candidate, std::uint32_t const /*
 template <class Archive>
 void save(Archive& archive, const EngineCandidate& candidate, std::uint32_t const /*version*/) {
   archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
-          CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes), CEREAL_NVP_("knob_count", candidate.knob_count));
+          CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes),
+          CEREAL_NVP_("behavior_notes", candidate.behavior_notes), CEREAL_NVP_("knob_count", candidate.knob_count));
   for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
     archive(CEREAL_NVP_("type", knob->type), CEREAL_NVP_("value", knob->value));
   }
@@ -148,9 +149,11 @@ void save(Archive& archive, const EngineCandidate& candidate, std::uint32_t cons
 template <class Archive>
 void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const /*version*/) {
   archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
-          CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes), CEREAL_NVP_("knob_count", candidate.knob_count));
+          CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes),
+          CEREAL_NVP_("behavior_notes", candidate.behavior_notes), CEREAL_NVP_("knob_count", candidate.knob_count));
   if (candidate.engine_id < 0) detail::throw_invalid("engine id ", candidate.engine_id);
   if (!std::isfinite(candidate.time_ms) || candidate.time_ms < 0) detail::throw_invalid("time ", candidate.time_ms);
+  if (candidate.behavior_notes < 0) detail::throw_invalid("behavior notes ", candidate.behavior_notes);
   if (candidate.knob_count < 0 || candidate.knob_count > static_cast<std::int32_t>(kMaxKnobs)) {
     detail::throw_invalid(candidate.knob_count, " knobs");
   }
