@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <shared_mutex>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "cudnn_cache/error.h"
+#include "cudnn_cache/graph.h"
 
 namespace cudnn_cache {
 namespace {
@@ -104,6 +108,66 @@ Ranking<Traits> search(cudnnHandle_t handle, const ConvolutionDescriptors& descr
   const Ranking<Traits> ranking = Ranking<Traits>::of_perfs(perfs.data(), returned);
   CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key);
   return ranking;
+}
+
+// The legacy traits of direction D.
+template <Direction D>
+using LegacyTraits =
+    std::tuple_element_t<static_cast<std::size_t>(D), std::tuple<ForwardTraits, BackwardDataTraits, BackwardFilterTraits>>;
+
+// Note [Plan cache]
+// ~~~~~~~~~~~~~~~~~
+// Building an execution plan costs far more than running it, so each (device, key) keeps the plan of the
+// engine config it last ran. The cache is shared by all threads (cuDNN plans may run concurrently), so
+// prepare() can fill it from a background thread; a lookup takes a shared lock, a build happens outside any
+// lock and the first stored plan wins. It lives as long as the process: a plan is tied to its device and
+// cuDNN, not to a file, so loading or clearing the caches does not touch it.
+class PlanCache {
+ public:
+  static PlanCache& instance() {
+    static PlanCache cache;
+    return cache;
+  }
+
+  // The plan of `config` for `key` on `device`, built on first use. Throws Error if cuDNN refuses it.
+  std::shared_ptr<const GraphPlan> get(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                       const EngineCandidate& config) {
+    const Slot slot{device, key};
+    {
+      std::shared_lock lock(mutex_);
+      const auto found = plans_.find(slot);
+      if (found != plans_.end() && found->second.config.same_choice(config)) return found->second.plan;
+    }
+    auto plan = std::make_shared<const GraphPlan>(handle, key, config);
+    std::unique_lock lock(mutex_);
+    auto& stored = plans_[slot];
+    if (!stored.plan || !stored.config.same_choice(config)) stored = {config, plan};
+    return stored.plan;
+  }
+
+ private:
+  struct Slot {
+    int device;
+    ConvolutionKey key;
+    friend bool operator==(const Slot& a, const Slot& b) { return a.device == b.device && a.key == b.key; }
+  };
+  struct SlotHash {
+    std::size_t operator()(const Slot& slot) const { return KeyHash{}(slot.key) ^ static_cast<std::size_t>(slot.device); }
+  };
+  struct Entry {
+    EngineCandidate config;
+    std::shared_ptr<const GraphPlan> plan;
+  };
+
+  std::shared_mutex mutex_;
+  std::unordered_map<Slot, Entry, SlotHash> plans_;
+};
+
+template <Direction D>
+Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, const ConvolutionKey& key,
+                                     const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  const std::vector<EngineCandidate> configs = search_engine_configs(handle, key, buffers, allocate);
+  return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
 }
 
 }  // namespace
@@ -218,6 +282,89 @@ Ranking<Traits> Runtime::tune(cudnnHandle_t handle, int device, const Convolutio
   return ranking;
 }
 
+template <Direction D>
+void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                        const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate, bool deterministic) {
+  using Legacy = LegacyTraits<D>;
+  if (deterministic) return run<Legacy>(handle, device, key, buffers, allocate, true);
+  PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
+  std::optional<Ranking<GraphTraits<D>>> ranking = cache.find(key);
+  std::string why_not = "no engine config";
+  if (ranking) {
+    ++hits_;
+  } else {
+    ++misses_;
+    switch (miss_policy()) {
+      case MissPolicy::tune:
+        ranking = search_graph<D>(handle, key, buffers, allocate);
+        ++tunes_;
+        cache.insert(key, *ranking);
+        break;
+      case MissPolicy::heuristic:
+        why_not = "heuristic miss policy";
+        break;
+      case MissPolicy::error:
+        throw Error(detail::concat("cudnn_cache: no cached engine config for ", key,
+                                   " and the miss policy is 'error'. Run scripts/warm_start.py for this model and "
+                                   "input shape, then load its file"));
+    }
+  }
+  if (ranking) {
+    for (const EngineCandidate& config : *ranking) {
+      try {
+        const auto plan = PlanCache::instance().get(handle, device, key, config);
+        std::unique_ptr<Workspace> workspace;
+        if (plan->workspace_bytes() > 0 && !(workspace = allocate(plan->workspace_bytes()))) {
+          why_not = detail::concat(to_string(config), ": out of memory for a ", plan->workspace_bytes(),
+                                   "-byte workspace");
+          continue;
+        }
+        plan->execute(handle, buffers, workspace ? workspace->data() : nullptr);
+        if (&config != ranking->begin()) count_fallback(key, why_not);
+        return;
+      } catch (const Error& e) {
+        why_not = detail::concat(to_string(config), ": ", e.what());
+      }
+    }
+    count_fallback(key, why_not);
+  }
+  // The last resort, and the heuristic policy's choice: cuDNN's legacy heuristics, stored nowhere.
+  const ConvolutionDescriptors descriptors(key);
+  const Candidates<Legacy> heuristic = heuristic_candidates<Legacy>(handle, descriptors, key);
+  const Attempt attempt = run_first_that_runs<Legacy>(handle, descriptors, buffers, heuristic.data(),
+                                                      heuristic.data() + heuristic.size(), allocate, false);
+  if (attempt.ran) return;
+  throw Error(detail::concat("cudnn_cache: no cuDNN engine or algorithm could run ", key, " (last: ", why_not, "; ",
+                             attempt.why_not, ")"));
+}
+
+template <Direction D>
+Ranking<GraphTraits<D>> Runtime::tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                            const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
+  const Ranking<GraphTraits<D>> ranking = search_graph<D>(handle, key, buffers, allocate);
+  ++tunes_;
+  cache.insert(key, ranking);
+  return ranking;
+}
+
+std::size_t Runtime::prepare(cudnnHandle_t handle, int device) {
+  DirectionCaches& caches = caches_for_device(device);
+  std::size_t built = 0;
+  for_each_graph_direction([&](auto traits) {
+    using Traits = decltype(traits);
+    for (const auto& [key, ranking] : caches.get<Traits>().entries()) {
+      try {
+        PlanCache::instance().get(handle, device, key, ranking.front());
+        ++built;
+      } catch (const Error&) {
+        // cuDNN refuses this config here: the first call falls back and counts it
+      }
+    }
+  });
+  return built;
+}
+
 #define CUDNN_CACHE_INSTANTIATE(Traits)                                                                         \
   template void Runtime::run<Traits>(cudnnHandle_t, int, const ConvolutionKey&, const ConvolutionBuffers&,     \
                                      const WorkspaceAllocator&, bool);                                         \
@@ -227,5 +374,15 @@ CUDNN_CACHE_INSTANTIATE(ForwardTraits);
 CUDNN_CACHE_INSTANTIATE(BackwardDataTraits);
 CUDNN_CACHE_INSTANTIATE(BackwardFilterTraits);
 #undef CUDNN_CACHE_INSTANTIATE
+
+#define CUDNN_CACHE_INSTANTIATE_GRAPH(D)                                                                       \
+  template void Runtime::run_graph<D>(cudnnHandle_t, int, const ConvolutionKey&, const ConvolutionBuffers&,     \
+                                      const WorkspaceAllocator&, bool);                                         \
+  template Ranking<GraphTraits<D>> Runtime::tune_graph<D>(cudnnHandle_t, int, const ConvolutionKey&,             \
+                                                          const ConvolutionBuffers&, const WorkspaceAllocator&)
+CUDNN_CACHE_INSTANTIATE_GRAPH(Direction::forward);
+CUDNN_CACHE_INSTANTIATE_GRAPH(Direction::backward_data);
+CUDNN_CACHE_INSTANTIATE_GRAPH(Direction::backward_filter);
+#undef CUDNN_CACHE_INSTANTIATE_GRAPH
 
 }  // namespace cudnn_cache

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 
@@ -168,6 +169,47 @@ struct Handle {
 
 }  // namespace
 
+namespace {
+
+void run_graph(Runtime& runtime, cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers) {
+  switch (static_cast<Direction>(key.direction)) {
+    case Direction::forward: return runtime.run_graph<Direction::forward>(handle, 0, key, buffers, allocate, false);
+    case Direction::backward_data:
+      return runtime.run_graph<Direction::backward_data>(handle, 0, key, buffers, allocate, false);
+    case Direction::backward_filter:
+      return runtime.run_graph<Direction::backward_filter>(handle, 0, key, buffers, allocate, false);
+  }
+}
+
+// Buffers for a key, filled with random values; `written` is the one the key's direction writes.
+struct Operands {
+  Operands(const ConvolutionKey& key, std::mt19937& random)
+      : x(key.input.data_type, elements(key.input.dims, key.input.nb_dims)),
+        w(key.weight.data_type, elements(key.weight.dims, key.weight.nb_dims)),
+        y(key.output.data_type, elements(key.output.dims, key.output.nb_dims)) {
+    for (Buffer* operand : {&x, &w, &y}) operand->fill_random(random);
+    const auto direction = static_cast<Direction>(key.direction);
+    written = direction == Direction::forward ? &y : direction == Direction::backward_data ? &x : &w;
+  }
+  ConvolutionBuffers buffers() const { return {x.data, w.data, y.data}; }
+
+  Buffer x, w, y;
+  Buffer* written;
+};
+
+// The largest difference between two results, relative to the largest magnitude of the second; infinite
+// when the reference is all zeros, which would make any comparison meaningless.
+double relative_difference(const std::vector<double>& result, const std::vector<double>& reference) {
+  double largest = 0.0, worst = 0.0;
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    largest = std::max(largest, std::abs(reference[i]));
+    worst = std::max(worst, std::abs(reference[i] - result[i]));
+  }
+  return largest > 0.0 ? worst / largest : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
 TEST_CASE("the best engine config, replayed alone, computes what the legacy API computes", "[gpu][graph]") {
   Handle handle;
   std::mt19937 random(2026);
@@ -176,12 +218,8 @@ TEST_CASE("the best engine config, replayed alone, computes what the legacy API 
       ConvolutionKey key = problem.key;
       key.direction = static_cast<std::int32_t>(direction);
       INFO(problem.name << ": " << key);
-      Buffer x(key.input.data_type, elements(key.input.dims, key.input.nb_dims));
-      Buffer w(key.weight.data_type, elements(key.weight.dims, key.weight.nb_dims));
-      Buffer y(key.output.data_type, elements(key.output.dims, key.output.nb_dims));
-      for (Buffer* operand : {&x, &w, &y}) operand->fill_random(random);
-      Buffer& written = direction == Direction::forward ? y : direction == Direction::backward_data ? x : w;
-      const ConvolutionBuffers buffers{x.data, w.data, y.data};
+      Operands operands(key, random);
+      const ConvolutionBuffers buffers = operands.buffers();
 
       const std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, key, buffers, allocate);
       REQUIRE(!configs.empty());
@@ -194,19 +232,11 @@ TEST_CASE("the best engine config, replayed alone, computes what the legacy API 
       auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : nullptr;
       plan.execute(handle.handle, buffers, workspace ? workspace->data() : nullptr);
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      const std::vector<double> graph_result = written.read();
+      const std::vector<double> graph_result = operands.written->read();
 
       run_legacy(handle.handle, key, buffers);
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      const std::vector<double> legacy_result = written.read();
-
-      double largest = 0.0, worst = 0.0;
-      for (std::size_t i = 0; i < legacy_result.size(); ++i) {
-        largest = std::max(largest, std::abs(legacy_result[i]));
-        worst = std::max(worst, std::abs(legacy_result[i] - graph_result[i]));
-      }
-      REQUIRE(largest > 0.0);
-      CHECK(worst <= problem.tolerance * largest);
+      CHECK(relative_difference(graph_result, operands.written->read()) <= problem.tolerance);
     }
   }
 }
@@ -216,6 +246,59 @@ TEST_CASE("a config cuDNN does not know fails with an Error, not a crash", "[gpu
   EngineCandidate unknown;
   unknown.engine_id = 1 << 20;
   CHECK_THROWS_AS(GraphPlan(handle.handle, problems()[1].key, unknown), Error);
+}
+
+TEST_CASE("Runtime::run_graph tunes on a miss, hits afterwards, and computes what the legacy API does",
+          "[gpu][graph][runtime]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  runtime.set_miss_policy(MissPolicy::tune);
+  std::mt19937 random(7);
+  for (const Problem& problem : {problems()[0], problems()[1]}) {
+    for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+      ConvolutionKey key = problem.key;
+      key.direction = static_cast<std::int32_t>(direction);
+      INFO(problem.name << ": " << key);
+      Operands operands(key, random);
+      const Stats before = runtime.stats();
+      run_graph(runtime, handle.handle, key, operands.buffers());
+      const Stats tuned = runtime.stats();
+      CHECK(tuned.misses == before.misses + 1);
+      CHECK(tuned.tunes == before.tunes + 1);
+      run_graph(runtime, handle.handle, key, operands.buffers());
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      CHECK(runtime.stats().hits == tuned.hits + 1);
+      CHECK(runtime.stats().fallbacks == before.fallbacks);
+      const std::vector<double> graph_result = operands.written->read();
+      run_legacy(handle.handle, key, operands.buffers());
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      CHECK(relative_difference(graph_result, operands.written->read()) <= problem.tolerance);
+    }
+  }
+  CHECK(runtime.prepare(handle.handle, 0) >= 6);  // every entry tuned above has a plan
+}
+
+TEST_CASE("a stored engine config cuDNN refuses falls back, is counted, and the result is still right",
+          "[gpu][graph][runtime]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  const Problem problem = problems()[3];
+  const ConvolutionKey key = problem.key;  // forward
+  EngineCandidate unknown;
+  unknown.engine_id = 1 << 20;
+  unknown.time_ms = 0.001f;
+  runtime.caches_for_device(0).graph_forward.insert(key, Ranking<GraphForwardTraits>::of({unknown}));
+  std::mt19937 random(8);
+  Operands operands(key, random);
+  const Stats before = runtime.stats();
+  run_graph(runtime, handle.handle, key, operands.buffers());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(runtime.stats().hits == before.hits + 1);
+  CHECK(runtime.stats().fallbacks == before.fallbacks + 1);
+  const std::vector<double> result = operands.written->read();
+  run_legacy(handle.handle, key, operands.buffers());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(relative_difference(result, operands.written->read()) <= problem.tolerance);
 }
 
 int main(int argc, char** argv) {

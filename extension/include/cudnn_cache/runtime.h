@@ -14,6 +14,11 @@
 //   * error: throw an Error that names the key, so CI can prove a cache file covers a model.
 // A call that cannot run its best cached candidate (out of memory for the workspace, NOT_SUPPORTED, ...)
 // counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do.
+//
+// The graph API's path (run_graph) is the same walk over engine configs, each run through an execution
+// plan built once per key and config and kept in the plan cache (Note [Plan cache]); a config cuDNN refuses
+// to build (another release, NOT_SUPPORTED) is a fallback like any other. Its last resort is the legacy
+// heuristics. Stored engine configs carry no determinism note, so deterministic calls take the legacy path.
 
 #include <array>
 #include <atomic>
@@ -84,6 +89,21 @@ class Runtime {
   template <typename Traits>
   Ranking<Traits> tune(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                        const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
+
+  // run() for the graph API's engine configs of direction D; see Note [Running a cached convolution].
+  template <Direction D>
+  void run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                 const WorkspaceAllocator& allocate, bool deterministic);
+
+  // tune() for the graph API: times every engine config (search_engine_configs) and stores the best.
+  template <Direction D>
+  Ranking<GraphTraits<D>> tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                     const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
+
+  // Builds the execution plan of the best engine config of every graph-API entry of CUDA device `device`
+  // into the plan cache, so first calls build nothing. Returns how many plans it built; a config cuDNN
+  // refuses is skipped (its first call falls back). Safe to call from another thread than the one training.
+  std::size_t prepare(cudnnHandle_t handle, int device);
 
  private:
   static constexpr int kMaxDevices = 64;
