@@ -170,6 +170,37 @@ Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, const ConvolutionKey&
   return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
 }
 
+// Counters a lookup updates.
+struct Counters {
+  std::atomic<std::uint64_t>& hits;
+  std::atomic<std::uint64_t>& misses;
+  std::atomic<std::uint64_t>& tunes;
+};
+
+// The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
+// (tune), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
+template <typename Traits, typename Search>
+std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const ConvolutionKey& key, MissPolicy policy,
+                                      Counters counters, const char* kind, Search&& search) {
+  std::optional<Ranking<Traits>> ranking = cache.find(key);
+  if (ranking) {
+    ++counters.hits;
+    return ranking;
+  }
+  ++counters.misses;
+  if (policy == MissPolicy::error) {
+    throw Error(detail::concat("cudnn_cache: no cached ", kind, " for ", key,
+                               " and the miss policy is 'error'. Run scripts/warm_start.py for this model and input "
+                               "shape, then load its file"));
+  }
+  if (policy == MissPolicy::tune) {
+    ranking = search();
+    ++counters.tunes;
+    cache.insert(key, *ranking);
+  }
+  return ranking;
+}
+
 }  // namespace
 
 const char* to_string(MissPolicy policy) {
@@ -236,27 +267,11 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
                   const WorkspaceAllocator& allocate, bool deterministic) {
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
-  std::optional<Ranking<Traits>> ranking = cache.find(key);
+  const std::optional<Ranking<Traits>> ranking =
+      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_}, "algorithm",
+             [&] { return search<Traits>(handle, descriptors, key, buffers, allocate); });
   Candidates<Traits> heuristic;
-  if (ranking) {
-    ++hits_;
-  } else {
-    ++misses_;
-    switch (miss_policy()) {
-      case MissPolicy::tune:
-        ranking = search<Traits>(handle, descriptors, key, buffers, allocate);
-        ++tunes_;
-        cache.insert(key, *ranking);
-        break;
-      case MissPolicy::heuristic:
-        heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
-        break;
-      case MissPolicy::error:
-        throw Error(detail::concat("cudnn_cache: no cached algorithm for ", key,
-                                   " and the miss policy is 'error'. Run scripts/warm_start.py for this model and "
-                                   "input shape, then load its file"));
-    }
-  }
+  if (!ranking) heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
   const Candidate<Traits>* begin = ranking ? ranking->begin() : heuristic.data();
   const Candidate<Traits>* end = ranking ? ranking->end() : heuristic.data() + heuristic.size();
   Attempt attempt = run_first_that_runs<Traits>(handle, descriptors, buffers, begin, end, allocate, deterministic);
@@ -288,27 +303,10 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
   using Legacy = LegacyTraits<D>;
   if (deterministic) return run<Legacy>(handle, device, key, buffers, allocate, true);
   PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
-  std::optional<Ranking<GraphTraits<D>>> ranking = cache.find(key);
-  std::string why_not = "no engine config";
-  if (ranking) {
-    ++hits_;
-  } else {
-    ++misses_;
-    switch (miss_policy()) {
-      case MissPolicy::tune:
-        ranking = search_graph<D>(handle, key, buffers, allocate);
-        ++tunes_;
-        cache.insert(key, *ranking);
-        break;
-      case MissPolicy::heuristic:
-        why_not = "heuristic miss policy";
-        break;
-      case MissPolicy::error:
-        throw Error(detail::concat("cudnn_cache: no cached engine config for ", key,
-                                   " and the miss policy is 'error'. Run scripts/warm_start.py for this model and "
-                                   "input shape, then load its file"));
-    }
-  }
+  const std::optional<Ranking<GraphTraits<D>>> ranking =
+      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_}, "engine config",
+             [&] { return search_graph<D>(handle, key, buffers, allocate); });
+  std::string why_not = "heuristic miss policy";
   if (ranking) {
     for (const EngineCandidate& config : *ranking) {
       try {
