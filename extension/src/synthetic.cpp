@@ -86,7 +86,8 @@ Ranking<Traits> random_ranking(std::mt19937_64& random, cudnnMathType_t math_typ
 }
 
 // A ranking of the graph API's kind: a few engine configs with sorted, distinct knob types.
-Ranking<GraphForwardTraits> random_engine_ranking(std::mt19937_64& random) {
+template <typename Traits>
+Ranking<Traits> random_engine_ranking(std::mt19937_64& random) {
   std::vector<EngineCandidate> candidates;
   const int count = std::uniform_int_distribution<int>(1, 5)(random);
   for (int i = 0; i < count; ++i) {
@@ -103,13 +104,7 @@ Ranking<GraphForwardTraits> random_engine_ranking(std::mt19937_64& random) {
     if (std::uniform_int_distribution<int>(0, 3)(random) == 0) candidate.behavior_notes = EngineCandidate::kRuntimeCompiled;
     candidates.push_back(candidate);
   }
-  return Ranking<GraphForwardTraits>::of(candidates.begin(), candidates.end());
-}
-
-// The same candidates, ranked for another direction of the graph API (the ranking rule does not depend on it).
-template <typename Traits>
-Ranking<Traits> as_ranking(const Ranking<GraphForwardTraits>& ranking) {
-  return Ranking<Traits>::of(ranking.begin(), ranking.end());
+  return Ranking<Traits>::of(candidates.begin(), candidates.end());
 }
 
 }  // namespace
@@ -134,7 +129,7 @@ void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t 
       PerfCache<Traits>& cache = caches.get<Traits>();
       if (cache.find(key)) return;
       if constexpr (is_graph) {
-        cache.insert(key, as_ranking<Traits>(random_engine_ranking(random)));
+        cache.insert(key, random_engine_ranking<Traits>(random));
       } else {
         cache.insert(key, random_ranking<Traits>(random, math_type));
       }
