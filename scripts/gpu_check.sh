@@ -37,7 +37,9 @@ build() {
 }
 step build build || exit 1
 step ctest ctest --test-dir build --output-on-failure --parallel 8
-step pytest python3 -m pytest tests/python -v -rs
+# PYTEST_ARGS narrows the run, e.g. PYTEST_ARGS="-m gpu -x" (default: every test, verbose, with skip reasons).
+# shellcheck disable=SC2086
+step pytest python3 -m pytest tests/python ${PYTEST_ARGS:--v -rs}
 for extra in "$@"; do  # further steps, each a shell command: e.g. a benchmark
   step "extra-$(echo "$extra" | tr -c 'a-zA-Z0-9' '_' | cut -c1-40)" bash -c "$extra"
 done

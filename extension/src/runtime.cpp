@@ -1,9 +1,13 @@
 #include "cudnn_cache/runtime.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -110,58 +114,79 @@ Ranking<Traits> search(cudnnHandle_t handle, const ConvolutionDescriptors& descr
   return ranking;
 }
 
-// The legacy traits of direction D.
-template <Direction D>
-using LegacyTraits =
-    std::tuple_element_t<static_cast<std::size_t>(D), std::tuple<ForwardTraits, BackwardDataTraits, BackwardFilterTraits>>;
+// Microseconds since `start`.
+std::uint64_t microseconds_since(std::chrono::steady_clock::time_point start) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count());
+}
+
+}  // namespace
 
 // Note [Plan cache]
 // ~~~~~~~~~~~~~~~~~
-// Building an execution plan costs far more than running it, so each (device, key) keeps the plan of the
-// engine config it last ran. The cache is shared by all threads (cuDNN plans may run concurrently), so
-// prepare() can fill it from a background thread; a lookup takes a shared lock, a build happens outside any
-// lock and the first stored plan wins. It lives as long as the process: a plan is tied to its device and
-// cuDNN, not to a file, so loading or clearing the caches does not touch it.
+// Building an execution plan costs far more than running it, so the plan of each (device, key, engine
+// config) is built once and kept; so is cuDNN's refusal to build one, so a stored config this cuDNN does not
+// know costs one attempt per process, not one per call. The cache is shared by all threads (cuDNN plans may
+// run concurrently), so prepare() can fill it from other threads while training runs: a lookup takes a
+// shared lock, a build happens outside any lock, and the first result stored wins. Entries are never
+// removed: a plan is tied to its device and cuDNN, not to a file, so loading or clearing the caches does not
+// touch it, and references to entries stay valid.
 class PlanCache {
  public:
-  static PlanCache& instance() {
-    static PlanCache cache;
-    return cache;
-  }
+  struct Entry {
+    std::shared_ptr<const GraphPlan> plan;  // null when cuDNN refused the config
+    std::string refusal;                    // why it did
+  };
 
-  // The plan of `config` for `key` on `device`, built on first use. Throws Error if cuDNN refuses it.
-  std::shared_ptr<const GraphPlan> get(cudnnHandle_t handle, int device, const ConvolutionKey& key,
-                                       const EngineCandidate& config) {
-    const Slot slot{device, key};
+  // The entry of `config` for `key` on `device`, built on first use.
+  const Entry& get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config) {
+    const Slot slot{device, key, config};
     {
       std::shared_lock lock(mutex_);
-      const auto found = plans_.find(slot);
-      if (found != plans_.end() && found->second.config.same_choice(config)) return found->second.plan;
+      if (const auto found = entries_.find(slot); found != entries_.end()) return found->second;
     }
-    auto plan = std::make_shared<const GraphPlan>(handle, key, config);
+    const auto started = std::chrono::steady_clock::now();
+    Entry built;
+    try {
+      built.plan = std::make_shared<const GraphPlan>(handle, key, config);
+    } catch (const Error& e) {
+      built.refusal = e.what();
+    }
+    if (built.plan) {
+      ++plans_built;
+      build_us += microseconds_since(started);
+    }
     std::unique_lock lock(mutex_);
-    auto& stored = plans_[slot];
-    if (!stored.plan || !stored.config.same_choice(config)) stored = {config, plan};
-    return stored.plan;
+    return entries_.try_emplace(slot, std::move(built)).first->second;
   }
+
+  std::atomic<std::uint64_t> plans_built{0}, build_us{0};
 
  private:
   struct Slot {
     int device;
     ConvolutionKey key;
-    friend bool operator==(const Slot& a, const Slot& b) { return a.device == b.device && a.key == b.key; }
+    EngineCandidate config;  // only its choice (engine and knobs) counts
+    friend bool operator==(const Slot& a, const Slot& b) {
+      return a.device == b.device && a.key == b.key && a.config.same_choice(b.config);
+    }
   };
   struct SlotHash {
-    std::size_t operator()(const Slot& slot) const { return KeyHash{}(slot.key) ^ static_cast<std::size_t>(slot.device); }
-  };
-  struct Entry {
-    EngineCandidate config;
-    std::shared_ptr<const GraphPlan> plan;
+    std::size_t operator()(const Slot& slot) const {
+      std::size_t hash = KeyHash{}(slot.key) ^ (static_cast<std::size_t>(slot.device) << 48);
+      hash = hash * 1099511628211u ^ static_cast<std::size_t>(slot.config.engine_id);
+      for (const Knob* knob = slot.config.knobs_begin(); knob != slot.config.knobs_end(); ++knob) {
+        hash = hash * 1099511628211u ^ static_cast<std::size_t>(knob->type << 32 ^ knob->value);
+      }
+      return hash;
+    }
   };
 
   std::shared_mutex mutex_;
-  std::unordered_map<Slot, Entry, SlotHash> plans_;
+  std::unordered_map<Slot, Entry, SlotHash> entries_;
 };
+
+namespace {
 
 template <Direction D>
 Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, const ConvolutionKey& key,
@@ -175,7 +200,18 @@ struct Counters {
   std::atomic<std::uint64_t>& hits;
   std::atomic<std::uint64_t>& misses;
   std::atomic<std::uint64_t>& tunes;
+  std::atomic<std::uint64_t>& tune_us;
 };
+
+// Runs search() and counts it as a tune.
+template <typename Search>
+auto timed_search(Counters counters, Search&& search) {
+  const auto started = std::chrono::steady_clock::now();
+  auto ranking = search();
+  ++counters.tunes;
+  counters.tune_us += microseconds_since(started);
+  return ranking;
+}
 
 // The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
 // (tune), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
@@ -194,8 +230,7 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
                                "shape, then load its file"));
   }
   if (policy == MissPolicy::tune) {
-    ranking = search();
-    ++counters.tunes;
+    ranking = timed_search(counters, search);
     cache.insert(key, *ranking);
   }
   return ranking;
@@ -219,18 +254,46 @@ MissPolicy miss_policy_from_string(const std::string& name) {
   throw Error(detail::concat("unknown miss policy '", name, "'; use 'tune', 'heuristic' or 'error'"));
 }
 
+const char* to_string(Backend backend) { return backend == Backend::graph ? "graph" : "legacy"; }
+
+Backend backend_from_string(const std::string& name) {
+  for (Backend backend : {Backend::graph, Backend::legacy}) {
+    if (name == to_string(backend)) return backend;
+  }
+  throw Error(detail::concat("unknown backend '", name, "'; use 'graph' or 'legacy'"));
+}
+
+bool graph_backend_available() { return cudnnGetVersion() >= 8900; }
+
 Runtime& Runtime::instance() {
   static Runtime runtime;
   return runtime;
 }
 
-Stats Runtime::stats() const { return {hits_.load(), misses_.load(), tunes_.load(), fallbacks_.load()}; }
+Runtime::Runtime()
+    : plans_(std::make_unique<PlanCache>()),
+      backend_(graph_backend_available() ? Backend::graph : Backend::legacy) {}
+
+Runtime::~Runtime() {
+  std::lock_guard lock(background_mutex_);
+  if (background_.valid()) background_.wait();
+}
+
+void Runtime::set_backend(Backend backend) {
+  CUDNN_CACHE_REQUIRE(backend == Backend::legacy || graph_backend_available(), "the graph backend needs cuDNN 8.9 "
+                      "or later, and this process has cuDNN ", CudnnVersion::of_library(), "; use 'legacy'");
+  backend_ = backend;
+}
+
+Stats Runtime::stats() const {
+  return {hits_.load(), misses_.load(), tunes_.load(), fallbacks_.load(), tune_us_.load(),
+          plans_->plans_built.load(), plans_->build_us.load()};
+}
 
 void Runtime::reset_stats() {
-  hits_ = 0;
-  misses_ = 0;
-  tunes_ = 0;
-  fallbacks_ = 0;
+  for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us}) {
+    *counter = 0;
+  }
 }
 
 void Runtime::set_warning_handler(std::function<void(const std::string&)> handler) {
@@ -268,7 +331,7 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
   const std::optional<Ranking<Traits>> ranking =
-      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_}, "algorithm",
+      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_, tune_us_}, "algorithm",
              [&] { return search<Traits>(handle, descriptors, key, buffers, allocate); });
   Candidates<Traits> heuristic;
   if (!ranking) heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
@@ -291,8 +354,9 @@ Ranking<Traits> Runtime::tune(cudnnHandle_t handle, int device, const Convolutio
                               const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
-  const Ranking<Traits> ranking = search<Traits>(handle, descriptors, key, buffers, allocate);
-  ++tunes_;
+  const Ranking<Traits> ranking = timed_search({hits_, misses_, tunes_, tune_us_}, [&] {
+    return search<Traits>(handle, descriptors, key, buffers, allocate);
+  });
   cache.insert(key, ranking);
   return ranking;
 }
@@ -304,25 +368,31 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
   if (deterministic) return run<Legacy>(handle, device, key, buffers, allocate, true);
   PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
   const std::optional<Ranking<GraphTraits<D>>> ranking =
-      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_}, "engine config",
+      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_, tune_us_}, "engine config",
              [&] { return search_graph<D>(handle, key, buffers, allocate); });
   std::string why_not = "heuristic miss policy";
   if (ranking) {
     for (const EngineCandidate& config : *ranking) {
+      const PlanCache::Entry& entry = plans_->get(handle, device, key, config);
+      if (!entry.plan) {
+        why_not = entry.refusal;
+        continue;
+      }
+      const GraphPlan& plan = *entry.plan;
+      std::unique_ptr<Workspace> workspace;
+      if (plan.workspace_bytes() > 0 && !(workspace = allocate(plan.workspace_bytes()))) {
+        why_not = detail::concat(to_string(config), ": out of memory for a ", plan.workspace_bytes(),
+                                 "-byte workspace");
+        continue;
+      }
       try {
-        const auto plan = PlanCache::instance().get(handle, device, key, config);
-        std::unique_ptr<Workspace> workspace;
-        if (plan->workspace_bytes() > 0 && !(workspace = allocate(plan->workspace_bytes()))) {
-          why_not = detail::concat(to_string(config), ": out of memory for a ", plan->workspace_bytes(),
-                                   "-byte workspace");
-          continue;
-        }
-        plan->execute(handle, buffers, workspace ? workspace->data() : nullptr);
-        if (&config != ranking->begin()) count_fallback(key, why_not);
-        return;
+        plan.execute(handle, buffers, workspace ? workspace->data() : nullptr);
       } catch (const Error& e) {
         why_not = detail::concat(to_string(config), ": ", e.what());
+        continue;
       }
+      if (&config != ranking->begin()) count_fallback(key, why_not);
+      return;
     }
     count_fallback(key, why_not);
   }
@@ -340,27 +410,103 @@ template <Direction D>
 Ranking<GraphTraits<D>> Runtime::tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                                             const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
   PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
-  const Ranking<GraphTraits<D>> ranking = search_graph<D>(handle, key, buffers, allocate);
-  ++tunes_;
+  const Ranking<GraphTraits<D>> ranking = timed_search({hits_, misses_, tunes_, tune_us_}, [&] {
+    return search_graph<D>(handle, key, buffers, allocate);
+  });
   cache.insert(key, ranking);
   return ranking;
 }
 
-std::size_t Runtime::prepare(cudnnHandle_t handle, int device) {
+template <Direction D>
+void Runtime::convolve(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                       const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate, bool deterministic) {
+  if (backend() == Backend::graph) return run_graph<D>(handle, device, key, buffers, allocate, deterministic);
+  run<LegacyTraits<D>>(handle, device, key, buffers, allocate, deterministic);
+}
+
+template <Direction D>
+void Runtime::tune_direction(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                             const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  if (backend() == Backend::graph) {
+    tune_graph<D>(handle, device, key, buffers, allocate);
+  } else {
+    tune<LegacyTraits<D>>(handle, device, key, buffers, allocate);
+  }
+}
+
+namespace {
+
+// A cuDNN handle of its own for a thread that works for CUDA device `device`.
+class ThreadHandle {
+ public:
+  explicit ThreadHandle(int device) {
+    CUDNN_CACHE_REQUIRE(cudaSetDevice(device) == cudaSuccess, "cannot use CUDA device ", device);
+    CUDNN_CACHE_CHECK(cudnnCreate(&handle_));
+  }
+  ~ThreadHandle() { cudnnDestroy(handle_); }
+  ThreadHandle(const ThreadHandle&) = delete;
+  ThreadHandle& operator=(const ThreadHandle&) = delete;
+  cudnnHandle_t get() const { return handle_; }
+
+ private:
+  cudnnHandle_t handle_ = nullptr;
+};
+
+}  // namespace
+
+PrepareReport Runtime::prepare(int device, int threads) {
+  const auto started = std::chrono::steady_clock::now();
   DirectionCaches& caches = caches_for_device(device);
-  std::size_t built = 0;
+  std::vector<std::pair<ConvolutionKey, std::vector<EngineCandidate>>> work;
   for_each_graph_direction([&](auto traits) {
-    using Traits = decltype(traits);
-    for (const auto& [key, ranking] : caches.get<Traits>().entries()) {
-      try {
-        PlanCache::instance().get(handle, device, key, ranking.front());
-        ++built;
-      } catch (const Error&) {
-        // cuDNN refuses this config here: the first call falls back and counts it
-      }
+    for (const auto& [key, ranking] : caches.get<decltype(traits)>().entries()) {
+      work.emplace_back(key, std::vector<EngineCandidate>(ranking.begin(), ranking.end()));
     }
   });
-  return built;
+  PrepareReport report;
+  report.entries = work.size();
+  if (threads <= 0) threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  threads = static_cast<int>(std::min<std::size_t>(threads, work.size()));
+
+  std::atomic<std::size_t> next{0}, ready{0};
+  std::mutex failure_mutex;
+  std::string failure;
+  auto build = [&] {
+    try {
+      const ThreadHandle handle(device);
+      for (std::size_t i; (i = next++) < work.size();) {
+        const auto& [key, ranking] = work[i];
+        for (const EngineCandidate& config : ranking) {
+          if (plans_->get(handle.get(), device, key, config).plan) {
+            ++ready;
+            break;
+          }
+        }
+      }
+    } catch (const Error& e) {
+      std::lock_guard lock(failure_mutex);
+      if (failure.empty()) failure = e.what();
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) workers.emplace_back(build);
+  for (std::thread& worker : workers) worker.join();
+  CUDNN_CACHE_REQUIRE(failure.empty(), "cudnn_cache.prepare on CUDA device ", device, ": ", failure);
+  report.plans = ready;
+  report.seconds = 1e-6 * static_cast<double>(microseconds_since(started));
+  return report;
+}
+
+void Runtime::prepare_in_background(int device, int threads) {
+  std::lock_guard lock(background_mutex_);
+  if (background_.valid()) background_.wait();
+  background_ = std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); });
+}
+
+PrepareReport Runtime::wait_for_prepare() {
+  std::lock_guard lock(background_mutex_);
+  CUDNN_CACHE_REQUIRE(background_.valid(), "no background prepare was started, or its report was already taken");
+  return background_.get();
 }
 
 #define CUDNN_CACHE_INSTANTIATE(Traits)                                                                         \
@@ -377,7 +523,11 @@ CUDNN_CACHE_INSTANTIATE(BackwardFilterTraits);
   template void Runtime::run_graph<D>(cudnnHandle_t, int, const ConvolutionKey&, const ConvolutionBuffers&,     \
                                       const WorkspaceAllocator&, bool);                                         \
   template Ranking<GraphTraits<D>> Runtime::tune_graph<D>(cudnnHandle_t, int, const ConvolutionKey&,             \
-                                                          const ConvolutionBuffers&, const WorkspaceAllocator&)
+                                                          const ConvolutionBuffers&, const WorkspaceAllocator&);     \
+  template void Runtime::convolve<D>(cudnnHandle_t, int, const ConvolutionKey&, const ConvolutionBuffers&,      \
+                                     const WorkspaceAllocator&, bool);                                          \
+  template void Runtime::tune_direction<D>(cudnnHandle_t, int, const ConvolutionKey&, const ConvolutionBuffers&, \
+                                           const WorkspaceAllocator&)
 CUDNN_CACHE_INSTANTIATE_GRAPH(Direction::forward);
 CUDNN_CACHE_INSTANTIATE_GRAPH(Direction::backward_data);
 CUDNN_CACHE_INSTANTIATE_GRAPH(Direction::backward_filter);

@@ -275,7 +275,32 @@ TEST_CASE("Runtime::run_graph tunes on a miss, hits afterwards, and computes wha
       CHECK(relative_difference(graph_result, operands.written->read()) <= problem.tolerance);
     }
   }
-  CHECK(runtime.prepare(handle.handle, 0) >= 6);  // every entry tuned above has a plan
+  const PrepareReport report = runtime.prepare(0, 3);
+  CHECK(report.entries >= 6);
+  CHECK(report.plans == report.entries);  // every entry tuned above has a plan
+  runtime.prepare_in_background(0, 2);
+  CHECK(runtime.wait_for_prepare().plans == report.plans);
+  CHECK_THROWS_AS(runtime.wait_for_prepare(), Error);  // its report was taken
+}
+
+TEST_CASE("the backend decides which cache a call uses", "[gpu][graph][runtime]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  runtime.set_miss_policy(MissPolicy::tune);
+  const Problem problem = problems()[2];
+  ConvolutionKey key = problem.key;
+  key.direction = static_cast<std::int32_t>(Direction::backward_filter);
+  std::mt19937 random(9);
+  Operands operands(key, random);
+  DirectionCaches& caches = runtime.caches_for_device(0);
+  for (Backend backend : {Backend::legacy, Backend::graph}) {
+    runtime.set_backend(backend);
+    runtime.convolve<Direction::backward_filter>(handle.handle, 0, key, operands.buffers(), allocate, false);
+  }
+  CHECK(caches.backward_filter.find(key).has_value());
+  CHECK(caches.graph_backward_filter.find(key).has_value());
+  CHECK(runtime.stats().plans_built > 0);
+  runtime.set_backend(Backend::graph);
 }
 
 TEST_CASE("a stored engine config cuDNN refuses falls back, is counted, and the result is still right",

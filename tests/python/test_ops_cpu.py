@@ -521,9 +521,47 @@ def test_query_without_a_gpu_says_so():
 
 def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
-    assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "entries"}
+    assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
+                          "entries"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0
+
+
+def test_backend_defaults_to_graph_and_round_trips(cache_state):
+    assert cudnn_cache.backend() == "graph"  # cuDNN 9 has the graph API
+    for backend in ("legacy", "graph"):
+        cudnn_cache.set_backend(backend)
+        assert cudnn_cache.backend() == backend
+
+
+def test_invalid_backend_is_rejected_and_the_backend_kept(cache_state):
+    cudnn_cache.set_backend("legacy")
+    with pytest.raises(RuntimeError, match="unknown backend 'cudnn'; use 'graph' or 'legacy'"):
+        cudnn_cache.set_backend("cudnn")
+    assert cudnn_cache.backend() == "legacy"
+
+
+def test_query_names_an_invalid_backend():
+    with pytest.raises(RuntimeError, match="unknown backend 'fast'"):
+        cudnn_cache.query("forward", make_key(), backend="fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers prepare")
+def test_prepare_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="prepare: no CUDA device"):
+        cudnn_cache.prepare()
+    with pytest.raises(RuntimeError, match="prepare: no CUDA device"):
+        cudnn_cache.prepare(background=True)
+
+
+def test_prepare_rejects_negative_threads():
+    with pytest.raises(RuntimeError, match="threads must be >= 0"):
+        cudnn_cache.prepare(threads=-1)
+
+
+def test_waiting_for_a_prepare_never_started_says_so():
+    with pytest.raises(RuntimeError, match="no background prepare was started"):
+        cudnn_cache.Preparation().wait()
 
 
 def test_miss_policy_round_trip(cache_state):

@@ -1,6 +1,7 @@
 """The cudnn_cache ops on a CUDA GPU: numerics against torch's own convolutions over dims, dtypes, layouts,
-groups, stride and dilation, transposed or not; determinism; warm start in a fresh process; the miss policies;
-query and fill; and a TorchScript model that trains. Every test is marked gpu (skipped without CUDA)."""
+groups, stride and dilation, transposed or not, through the graph backend (the default) and the legacy one;
+determinism; warm start in a fresh process; the miss policies; query, fill and prepare; and a TorchScript
+model that trains. Every test is marked gpu (skipped without CUDA)."""
 
 import subprocess
 import sys
@@ -223,21 +224,111 @@ def test_heuristic_policy_runs_without_storing():
     assert stats["misses"] == 1 and stats["tunes"] == 0 and cudnn_cache.size() == 0
 
 
-def test_query_misses_then_lists_the_ranking_after_a_run():
+@pytest.mark.parametrize("backend", ["graph", "legacy"])
+def test_query_misses_then_lists_the_ranking_after_a_run(backend):
+    cudnn_cache.set_backend(backend)
+    other = {"graph": "legacy", "legacy": "graph"}[backend]
     x, w = randn(2, 4, 8, 8), randn(8, 4, 3, 3)
     args = ([1, 1], [1, 1], [1, 1], 1)
     key = cudnn_cache.conv_key("forward", x, w, *args)
     assert cudnn_cache.query("forward", key) is None
 
     ops.convolution(x, w, None, *args)
-    assert cudnn_cache.stats()["tunes"] == 1
+    assert cudnn_cache.stats()["tunes"] == 1 and cudnn_cache.stats()["tune_us"] > 0
     ranking = cudnn_cache.query("forward", key)  # conv_key gives the key the op used
     assert isinstance(ranking, list) and len(ranking) > 0
     best = ranking[0]
-    assert isinstance(best["algorithm"], str) and best["algorithm"]
-    assert best["time_ms"] >= 0 and best["status"] == "CUDNN_STATUS_SUCCESS"
-    assert {"workspace_bytes", "deterministic", "math_type"} <= best.keys()
+    assert best["time_ms"] >= 0 and best["workspace_bytes"] >= 0
+    assert all(a["time_ms"] <= b["time_ms"] for a, b in zip(ranking, ranking[1:]))
+    if backend == "graph":
+        assert best["engine_id"] >= 0 and best["engine"].startswith(f"engine {best['engine_id']}")
+        assert len(best["knobs"]) % 2 == 0 and isinstance(best["runtime_compiled"], bool)
+        assert cudnn_cache.stats()["plans_built"] >= 1
+    else:
+        assert isinstance(best["algorithm"], str) and best["algorithm"]
+        assert best["status"] == "CUDNN_STATUS_SUCCESS"
+        assert {"deterministic", "math_type"} <= best.keys()
+    assert cudnn_cache.query("forward", key, backend=other) is None  # each backend has its own entries
     assert cudnn_cache.query("backward_data", cudnn_cache.conv_key("backward_data", x, w, *args)) is None
+
+
+@pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.bfloat16, True),
+                                                  (torch.float16, True)], ids=["fp32", "bf16_nhwc", "fp16_nhwc"])
+def test_legacy_backend_matches_native(dtype, channels_last):
+    torch.backends.cudnn.allow_tf32 = False
+    cudnn_cache.set_backend("legacy")
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    x = randn(2, 8, 12, 12, dtype=dtype, memory_format=memory_format, seed=1)
+    w = randn(16, 4, 3, 3, dtype=dtype, memory_format=memory_format, seed=2)
+    b = randn(16, dtype=dtype, seed=3)
+    kwargs = dict(stride=2, padding=1, groups=2)
+    check_against_native(lambda *t: cudnn_cache.functional.conv2d(*t, **kwargs), lambda *t: F.conv2d(*t, **kwargs),
+                         (x, w, b), dtype)
+    assert cudnn_cache.stats()["plans_built"] == 0 and cudnn_cache.stats()["tunes"] == 3
+
+
+def test_a_misaligned_view_runs_through_the_graph_backend():
+    torch.backends.cudnn.allow_tf32 = False
+    base = randn(2 * 4 * 8 * 8 + 1)
+    x = base[1:].view(2, 4, 8, 8)  # starts 4 bytes into its storage: contiguous but not 16-byte aligned
+    assert x.data_ptr() % 16 != 0
+    w = randn(8, 4, 3, 3, seed=2)
+    torch.testing.assert_close(ops.convolution(x, w, None, [1], [1], [1], 1), F.conv2d(x, w, padding=1))
+    assert cudnn_cache.stats()["fallbacks"] == 0
+
+
+def test_prepare_builds_every_loaded_plan_so_calls_build_none(tmp_path):
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    shapes = [((2, 4, 10, 10), (8, 4, 3, 3)), ((2, 8, 6, 6), (16, 8, 3, 3)), ((1, 3, 9, 9), (4, 3, 1, 1))]
+    for input_size, weight_size in shapes:
+        assert cudnn_cache.fill(randn(*input_size), randn(*weight_size), *args) == 3
+    path = tmp_path / "convs.cache"
+    cudnn_cache.save(path)
+    cudnn_cache.clear()
+    assert cudnn_cache.load(path) == 9
+    cudnn_cache.reset_stats()
+    assert cudnn_cache.prepare(threads=2) == 9
+    assert cudnn_cache.stats()["plans_built"] == 9 and cudnn_cache.stats()["plan_build_us"] > 0
+    preparation = cudnn_cache.prepare(background=True)  # finds every plan ready: builds none
+    assert preparation.wait() == 9 and preparation.wait() == 9  # the count is kept
+    cudnn_cache.set_miss_policy("error")
+    for input_size, weight_size in shapes:
+        x = randn(*input_size).requires_grad_()
+        w = randn(*weight_size).requires_grad_()
+        ops.convolution(x, w, None, *args).sum().backward()
+    stats = cudnn_cache.stats()
+    assert stats["hits"] == 9 and stats["misses"] == 0 and stats["plans_built"] == 9, stats
+
+
+PREPARE_SCRIPT = r"""
+import sys, torch, cudnn_cache
+cudnn_cache.load(sys.argv[1])
+cudnn_cache.reset_stats()
+ready = cudnn_cache.prepare(background=sys.argv[2] == "background")
+ready = ready if isinstance(ready, int) else ready.wait()
+built = cudnn_cache.stats()["plans_built"]
+cudnn_cache.set_miss_policy("error")
+x = torch.randn(2, 4, 10, 10, device="cuda", requires_grad=True)
+w = torch.randn(8, 4, 3, 3, device="cuda", requires_grad=True)
+torch.ops.cudnn_cache.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1).sum().backward()
+torch.cuda.synchronize()
+stats = cudnn_cache.stats()
+print(ready, built, stats["plans_built"], stats["hits"], stats["fallbacks"])
+"""
+
+
+@pytest.mark.parametrize("mode", ["foreground", "background"])
+def test_a_fresh_process_prepares_the_loaded_plans_before_its_first_call(child_env, tmp_path, mode):
+    x, w = randn(2, 4, 10, 10), randn(8, 4, 3, 3)
+    assert cudnn_cache.fill(x, w, [1, 1], [1, 1], [1, 1], 1) == 3
+    path = tmp_path / "convs.cache"
+    cudnn_cache.save(path)
+    process = subprocess.run([sys.executable, "-c", PREPARE_SCRIPT, str(path), mode], env=child_env,
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr
+    ready, built_by_prepare, built_in_all, hits, fallbacks = map(int, process.stdout.split())
+    assert ready == 3 and built_by_prepare == 3 and built_in_all == 3  # the calls built nothing more
+    assert hits == 3 and fallbacks == 0
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])

@@ -1,5 +1,6 @@
-// The cache as ops: descriptor round trips, keys, queries, tuning on demand, size, save and load, statistics
-// and the miss policy. They read or change process state, not tensors, so one kernel serves every backend.
+// The cache as ops: descriptor round trips, keys, queries, tuning on demand, size, save and load, statistics,
+// the miss policy, the backend and plan preparation. They read or change process state, not tensors, so one
+// kernel serves every backend.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
@@ -106,35 +107,67 @@ DirectionCaches& current_device_caches(const char* op) {
   return rethrow([] { return std::ref(Runtime::instance().caches_for_device(at::cuda::current_device())); });
 }
 
-using CandidateList = c10::List<c10::Dict<std::string, c10::IValue>>;
+using CandidateDict = c10::Dict<std::string, c10::IValue>;
+using CandidateList = c10::List<CandidateDict>;
 
-// The ranking stored for the key on the current device, best first; None on a miss.
-std::optional<CandidateList> query(const std::string& direction, at::IntArrayRef words) {
+CandidateDict candidate_dict() {
+  return c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
+
+template <typename Traits>
+CandidateDict describe_candidate(const Candidate<Traits>& candidate) {
+  CandidateDict entry = candidate_dict();
+  entry.insert("algorithm", Traits::algorithm_name(candidate.algorithm));
+  entry.insert("status", std::string(cudnnGetErrorString(candidate.status)));
+  entry.insert("time_ms", static_cast<double>(candidate.time_ms));
+  entry.insert("workspace_bytes", static_cast<std::int64_t>(candidate.workspace_bytes));
+  entry.insert("deterministic", candidate.determinism == CUDNN_DETERMINISTIC);
+  entry.insert("math_type", std::string(math_type_name(candidate.math_type)));
+  return entry;
+}
+
+CandidateDict describe_candidate(const EngineCandidate& candidate) {
+  CandidateDict entry = candidate_dict();
+  entry.insert("engine", to_string(candidate));
+  entry.insert("engine_id", candidate.engine_id);
+  std::vector<std::int64_t> knobs;  // type, value, type, value, ...
+  for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
+    knobs.insert(knobs.end(), {knob->type, knob->value});
+  }
+  entry.insert("knobs", knobs);
+  entry.insert("time_ms", static_cast<double>(candidate.time_ms));
+  entry.insert("workspace_bytes", static_cast<std::int64_t>(candidate.workspace_bytes));
+  entry.insert("runtime_compiled", (candidate.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0);
+  return entry;
+}
+
+// The ranking stored for the key on the current device by the backend (default: the runtime's), best
+// first; None on a miss.
+std::optional<CandidateList> query(const std::string& direction, at::IntArrayRef words,
+                                   const std::optional<std::string>& backend_name) {
   const Direction chosen = direction_from_string(direction);
+  const Backend backend =
+      backend_name ? rethrow([&] { return backend_from_string(*backend_name); }) : Runtime::instance().backend();
   const ConvolutionKey key = key_from_list(words);
   TORCH_CHECK(key.direction == static_cast<std::int32_t>(chosen), "cudnn_cache.query: the key is a ",
               to_string(static_cast<Direction>(key.direction)), " key but direction is '", direction, "'");
   DirectionCaches& caches = current_device_caches("query");
   std::optional<CandidateList> result;
-  for_each_direction([&](auto traits) {
+  const auto describe = [&](auto traits) {
     using Traits = decltype(traits);
     if (Traits::direction != chosen) return;
     const auto ranking = caches.get<Traits>().find(key);
     if (!ranking) return;
     CandidateList list;
-    for (const auto& candidate : *ranking) {
-      auto entry = c10::impl::toTypedDict<std::string, c10::IValue>(
-          c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-      entry.insert("algorithm", Traits::algorithm_name(candidate.algorithm));
-      entry.insert("status", std::string(cudnnGetErrorString(candidate.status)));
-      entry.insert("time_ms", static_cast<double>(candidate.time_ms));
-      entry.insert("workspace_bytes", static_cast<std::int64_t>(candidate.workspace_bytes));
-      entry.insert("deterministic", candidate.determinism == CUDNN_DETERMINISTIC);
-      entry.insert("math_type", std::string(math_type_name(candidate.math_type)));
-      list.push_back(std::move(entry));
-    }
+    for (const auto& candidate : *ranking) list.push_back(describe_candidate(candidate));
     result = std::move(list);
-  });
+  };
+  if (backend == Backend::graph) {
+    for_each_graph_direction(describe);
+  } else {
+    for_each_direction(describe);
+  }
   return result;
 }
 
@@ -166,6 +199,9 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("misses", static_cast<std::int64_t>(s.misses));
   result.insert("tunes", static_cast<std::int64_t>(s.tunes));
   result.insert("fallbacks", static_cast<std::int64_t>(s.fallbacks));
+  result.insert("tune_us", static_cast<std::int64_t>(s.tune_us));
+  result.insert("plans_built", static_cast<std::int64_t>(s.plans_built));
+  result.insert("plan_build_us", static_cast<std::int64_t>(s.plan_build_us));
   result.insert("entries", size());
   return result;
 }
@@ -179,6 +215,37 @@ void set_miss_policy(const std::string& policy) {
 }
 
 std::string get_miss_policy() { return to_string(Runtime::instance().miss_policy()); }
+
+void set_backend(const std::string& backend) {
+  rethrow([&] { Runtime::instance().set_backend(backend_from_string(backend)); });
+}
+
+std::string get_backend() { return to_string(Runtime::instance().backend()); }
+
+int prepare_device(const std::optional<std::int64_t>& device) {
+  TORCH_CHECK(at::cuda::is_available(), "cudnn_cache.prepare: no CUDA device; plans are built for a GPU");
+  const std::int64_t index = device.value_or(at::cuda::current_device());
+  TORCH_CHECK(index >= 0 && index < at::cuda::device_count(), "cudnn_cache.prepare: device ", index,
+              " does not exist; this process sees ", at::cuda::device_count(), " CUDA devices");
+  return static_cast<int>(index);
+}
+
+// Plans for every graph-API entry of the device; the number ready. In the background it returns 0 at once,
+// and prepare_wait() gives the number.
+std::int64_t prepare(const std::optional<std::int64_t>& device, std::int64_t threads, bool background) {
+  TORCH_CHECK(threads >= 0, "cudnn_cache.prepare: threads must be >= 0 (0: one per core, at most 8), got ", threads);
+  const int index = prepare_device(device);
+  Runtime& runtime = Runtime::instance();
+  if (background) {
+    runtime.prepare_in_background(index, static_cast<int>(threads));
+    return 0;
+  }
+  return static_cast<std::int64_t>(rethrow([&] { return runtime.prepare(index, static_cast<int>(threads)); }).plans);
+}
+
+std::int64_t prepare_wait() {
+  return static_cast<std::int64_t>(rethrow([] { return Runtime::instance().wait_for_prepare(); }).plans);
+}
 
 // Core warnings (fallbacks) surface as Python warnings.
 const bool warnings_routed = [] {
@@ -203,6 +270,10 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("format_version", &format_version);
   m.impl("set_miss_policy", &set_miss_policy);
   m.impl("get_miss_policy", &get_miss_policy);
+  m.impl("set_backend", &set_backend);
+  m.impl("get_backend", &get_backend);
+  m.impl("prepare", &prepare);
+  m.impl("prepare_wait", &prepare_wait);
 }
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CPU, m) { m.impl("fill", &fill_cpu); }

@@ -25,7 +25,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
         "int groups, bool transposed=False, int[] output_padding=[]) -> int[]");
 
   // The cache.
-  m.def("query(str direction, int[] key) -> Dict(str, Any)[]?");
+  m.def("query(str direction, int[] key, str? backend=None) -> Dict(str, Any)[]?");
   m.def("fill(Tensor input, Tensor weight, int[] stride, int[] padding, int[] dilation, int groups, "
         "bool transposed=False, int[] output_padding=[]) -> int");
   m.def("size() -> int");
@@ -37,6 +37,10 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("format_version() -> int");
   m.def("set_miss_policy(str policy) -> ()");
   m.def("get_miss_policy() -> str");
+  m.def("set_backend(str backend) -> ()");
+  m.def("get_backend() -> str");
+  m.def("prepare(int? device=None, int threads=0, bool background=False) -> int");
+  m.def("prepare_wait() -> int");
 }
 
 namespace cudnn_cache::torch_ops {

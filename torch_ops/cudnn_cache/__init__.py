@@ -31,9 +31,10 @@ _ops = torch.ops.cudnn_cache
 FORMAT_VERSION = _ops.format_version()  # the cache file format this build writes; it reads 1 up to this one
 
 __all__ = [
-    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "clear", "conv_key",
-    "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill", "functional", "library_path",
-    "load", "miss_policy", "persistent", "query", "save", "set_miss_policy", "size", "stats",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation", "backend",
+    "clear", "conv_key", "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill",
+    "functional", "library_path", "load", "miss_policy", "persistent", "prepare", "query", "reset_stats", "save",
+    "set_backend", "set_miss_policy", "size", "stats",
 ]
 
 
@@ -75,13 +76,51 @@ def miss_policy() -> str:
     return _ops.get_miss_policy()
 
 
+def set_backend(backend: str) -> None:
+    """The cuDNN API convolutions run through: 'graph' (default where cuDNN has it: graph-API engine configs,
+    the fastest engines on Hopper) or 'legacy' (cudnnConvolution*Algo_t). Each has its own cache entries, both
+    kept in the same file. Deterministic calls (torch.use_deterministic_algorithms) always take 'legacy'."""
+    _ops.set_backend(backend)
+
+
+def backend() -> str:
+    """The current backend: 'graph' or 'legacy'."""
+    return _ops.get_backend()
+
+
+class Preparation:
+    """A prepare() running on a background thread: wait() blocks until it is done and returns the number of
+    plans ready (or raises its error). Calls may run while it works; those that need a plan it has not built
+    yet build it themselves."""
+
+    def __init__(self) -> None:
+        self._plans: Optional[int] = None
+
+    def wait(self) -> int:
+        if self._plans is None:
+            self._plans = _ops.prepare_wait()
+        return self._plans
+
+
+def prepare(device: Optional[int] = None, threads: int = 0, background: bool = False):
+    """Builds the execution plan of every loaded graph-API entry of `device` (default: the current CUDA device)
+    now, on `threads` threads (0: one per core, at most 8), so the first step builds nothing. Returns the
+    number of plans ready, or with background=True a Preparation at once. Call it after load()."""
+    if background:
+        _ops.prepare(device, threads, True)
+        return Preparation()
+    return _ops.prepare(device, threads, False)
+
+
 def stats() -> Dict[str, int]:
-    """Counters since start (or reset_stats): hits, misses, tunes, fallbacks; and entries now cached."""
+    """Counters since start (or reset_stats): hits, misses, tunes, fallbacks; tune_us (time spent tuning);
+    plans_built and plan_build_us (graph-API execution plans built, and the time it took); and entries now
+    cached."""
     return dict(_ops.stats())
 
 
 def reset_stats() -> None:
-    """Sets hits, misses, tunes and fallbacks back to zero."""
+    """Sets every counter of stats() but entries back to zero."""
     _ops.reset_stats()
 
 
@@ -126,15 +165,17 @@ def conv_key(direction: str, input: torch.Tensor, weight: torch.Tensor, stride: 
                                output_padding or []))
 
 
-def query(direction: str, key: Tuple[int, ...]) -> Optional[List[Dict]]:
-    """The ranked candidates cached for `key` on the current GPU (algorithm, status, time_ms, workspace_bytes,
-    deterministic, math_type), best first; None on a miss."""
-    found = _ops.query(direction, list(key))
+def query(direction: str, key: Tuple[int, ...], backend: Optional[str] = None) -> Optional[List[Dict]]:
+    """The ranked candidates cached for `key` on the current GPU by `backend` (default: the current one), best
+    first; None on a miss. Graph entries: engine, engine_id, knobs (type, value, ...), time_ms,
+    workspace_bytes, runtime_compiled. Legacy entries: algorithm, status, time_ms, workspace_bytes,
+    deterministic, math_type."""
+    found = _ops.query(direction, list(key), backend)
     return None if found is None else [dict(candidate) for candidate in found]
 
 
 def fill(input: torch.Tensor, weight: torch.Tensor, stride: List[int], padding: List[int], dilation: List[int],
          groups: int = 1, transposed: bool = False, output_padding: Optional[List[int]] = None) -> int:
-    """Tunes forward, backward-data and backward-filter of this convolution now, on CUDA tensors shaped like
-    these, and stores the rankings. Returns the number of directions tuned."""
+    """Tunes forward, backward-data and backward-filter of this convolution now with the current backend, on
+    CUDA tensors shaped like these, and stores the rankings. Returns the number of directions tuned."""
     return _ops.fill(input, weight, stride, padding, dilation, groups, transposed, output_padding or [])

@@ -19,14 +19,20 @@
 // plan built once per key and config and kept in the plan cache (Note [Plan cache]); a config cuDNN refuses
 // to build (another release, NOT_SUPPORTED) is a fallback like any other. Its last resort is the legacy
 // heuristics. Stored engine configs carry no determinism note, so deterministic calls take the legacy path.
+//
+// Which path a convolution takes is the runtime's backend: graph by default, since on Hopper only the graph
+// API reaches the fastest engines (../shared/context/MEASURED.md); legacy on request, or where this cuDNN
+// has no graph API for convolutions (before 8.9).
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "cudnn_cache/algorithms.h"
 #include "cudnn_cache/cache_store.h"
@@ -41,13 +47,38 @@ const char* to_string(MissPolicy policy);
 // The policy of that name; throws Error naming the valid names otherwise.
 MissPolicy miss_policy_from_string(const std::string& name);
 
+// The cuDNN API convolutions run through; see Note [Running a cached convolution].
+enum class Backend { graph, legacy };
+
+// "graph" or "legacy".
+const char* to_string(Backend backend);
+// The backend of that name; throws Error naming the valid names otherwise.
+Backend backend_from_string(const std::string& name);
+// Whether this process's cuDNN runs convolutions through the graph API (8.9 and later).
+bool graph_backend_available();
+
 // Counters since the process started (or since reset_stats).
 struct Stats {
-  std::uint64_t hits = 0;       // calls whose key was cached
-  std::uint64_t misses = 0;     // calls whose key was not
-  std::uint64_t tunes = 0;      // searches run (by misses under the tune policy, and by tune())
-  std::uint64_t fallbacks = 0;  // calls that could not run their best candidate
+  std::uint64_t hits = 0;           // calls whose key was cached
+  std::uint64_t misses = 0;         // calls whose key was not
+  std::uint64_t tunes = 0;          // searches run (by misses under the tune policy, and by tune())
+  std::uint64_t fallbacks = 0;      // calls that could not run their best candidate
+  std::uint64_t tune_us = 0;        // time spent in those searches, in microseconds
+  std::uint64_t plans_built = 0;    // graph-API execution plans built (by calls and by prepare)
+  std::uint64_t plan_build_us = 0;  // time spent building them, in microseconds
 };
+
+// What Runtime::prepare did.
+struct PrepareReport {
+  std::size_t entries = 0;  // graph-API entries of the device
+  std::size_t plans = 0;    // of them, with a plan ready in the plan cache
+  double seconds = 0.0;     // wall time
+};
+
+// The legacy traits of direction D.
+template <Direction D>
+using LegacyTraits =
+    std::tuple_element_t<static_cast<std::size_t>(D), std::tuple<ForwardTraits, BackwardDataTraits, BackwardFilterTraits>>;
 
 // Device memory for a cuDNN workspace, released when destroyed.
 class Workspace {
@@ -59,15 +90,24 @@ class Workspace {
 // Returns a workspace of at least `bytes` bytes, or null when the device has no memory for it.
 using WorkspaceAllocator = std::function<std::unique_ptr<Workspace>(std::size_t bytes)>;
 
+class PlanCache;
+
 class Runtime {
  public:
   // The process-wide runtime.
   static Runtime& instance();
 
+  Runtime();
+  ~Runtime();
+
   CacheStore& store() { return store_; }
 
   void set_miss_policy(MissPolicy policy) { miss_policy_.store(policy); }
   MissPolicy miss_policy() const { return miss_policy_.load(); }
+
+  // Throws Error when asked for the graph backend where graph_backend_available() is false.
+  void set_backend(Backend backend);
+  Backend backend() const { return backend_.load(); }
 
   Stats stats() const;
   void reset_stats();
@@ -100,10 +140,27 @@ class Runtime {
   Ranking<GraphTraits<D>> tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                                      const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
 
-  // Builds the execution plan of the best engine config of every graph-API entry of CUDA device `device`
-  // into the plan cache, so first calls build nothing. Returns how many plans it built; a config cuDNN
-  // refuses is skipped (its first call falls back). Safe to call from another thread than the one training.
-  std::size_t prepare(cudnnHandle_t handle, int device);
+  // Direction D of the key through the backend: run_graph<D>, or run<LegacyTraits<D>>.
+  template <Direction D>
+  void convolve(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                const WorkspaceAllocator& allocate, bool deterministic);
+
+  // tune_graph<D>, or tune<LegacyTraits<D>>, as the backend says.
+  template <Direction D>
+  void tune_direction(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                      const WorkspaceAllocator& allocate);
+
+  // Puts a plan for every graph-API entry of CUDA device `device` into the plan cache, so first calls build
+  // nothing: the plan of the first engine config of its ranking that cuDNN builds (a refusal is remembered
+  // and its call falls back at once). Builds on `threads` threads (0: one per core, at most 8), each with
+  // its own cuDNN handle; the plan cache is shared, so calls may run meanwhile. Throws Error if no cuDNN
+  // handle can be made for the device.
+  PrepareReport prepare(int device, int threads = 0);
+
+  // prepare() on a thread of its own; returns at once. A background prepare still running is waited for
+  // first. wait_for_prepare() returns its report (or throws its Error); Error if none was started.
+  void prepare_in_background(int device, int threads = 0);
+  PrepareReport wait_for_prepare();
 
  private:
   static constexpr int kMaxDevices = 64;
@@ -111,12 +168,16 @@ class Runtime {
   void count_fallback(const ConvolutionKey& key, const std::string& why);
 
   CacheStore store_;
+  std::unique_ptr<PlanCache> plans_;
   std::atomic<MissPolicy> miss_policy_{MissPolicy::tune};
-  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0};
+  std::atomic<Backend> backend_;
+  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0};
   std::atomic<bool> warned_{false};
   std::mutex mutex_;  // guards the handler and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
+  std::mutex background_mutex_;  // guards background_
+  std::future<PrepareReport> background_;
 };
 
 }  // namespace cudnn_cache

@@ -44,13 +44,23 @@ void check_cuda(const char* op, const at::Tensor& a, const at::Tensor& b) {
               " and ", b.device());
 }
 
-template <typename Traits>
+// The graph API describes tensors as 16-byte aligned (Note [Engine configs]). Memory from the caching
+// allocator is; a view that starts inside it may not be, and is copied.
+at::Tensor aligned(const at::Tensor& tensor, at::MemoryFormat format) {
+  const at::Tensor dense = tensor.contiguous(format);
+  if (reinterpret_cast<std::uintptr_t>(dense.data_ptr()) % 16 == 0) return dense;
+  return dense.clone(format);
+}
+
+// Direction D of the problem on the operands: x, w and y are the input, weight and output of the forward
+// convolution, whichever the direction writes.
+template <Direction D>
 void run(const Problem& problem, const at::Tensor& x, const at::Tensor& w, const at::Tensor& y) {
   const ConvolutionBuffers buffers{x.data_ptr(), w.data_ptr(), y.data_ptr()};
   const int device = x.get_device();
   rethrow([&] {
-    Runtime::instance().run<Traits>(current_handle(), device, problem.key_for(Traits::direction), buffers,
-                                    allocate_workspace, deterministic_requested());
+    Runtime::instance().convolve<D>(current_handle(), device, problem.key_for(D), buffers, allocate_workspace,
+                                    deterministic_requested());
   });
 }
 
@@ -70,10 +80,10 @@ at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight, c
   const ConvolutionParams params = check_params("convolution", input, weight, stride, padding, dilation, groups);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::MemoryFormat format = convolution_memory_format(input, weight);
-  const at::Tensor x = input.contiguous(format);
-  const at::Tensor w = weight.contiguous(format);
+  const at::Tensor x = aligned(input, format);
+  const at::Tensor w = aligned(weight, format);
   at::Tensor y = at::empty(convolution_output_size(x.sizes(), w.sizes(), params), x.options().memory_format(format));
-  if (x.numel() > 0) run<ForwardTraits>(make_problem(x, w, y, params, format), x, w, y);
+  if (x.numel() > 0) run<Direction::forward>(make_problem(x, w, y, params, format), x, w, y);
   add_bias(y, bias);
   return y;
 }
@@ -84,14 +94,14 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& 
   check_cuda("_convolution_backward_input", grad_output, weight);
   const c10::cuda::CUDAGuard guard(grad_output.device());
   const at::MemoryFormat format = convolution_memory_format(grad_output, weight);
-  const at::Tensor dy = grad_output.contiguous(format);
-  const at::Tensor w = weight.contiguous(format);
+  const at::Tensor dy = aligned(grad_output, format);
+  const at::Tensor w = aligned(weight, format);
   at::Tensor dx = at::empty(input_size, dy.options().memory_format(format));
   const ConvolutionParams params =
       check_params("_convolution_backward_input", dx, w, stride, padding, dilation, groups);
   check_grad_output("_convolution_backward_input", dx, w, dy, params);
   if (dx.numel() == 0) return dx;
-  run<BackwardDataTraits>(make_problem(dx, w, dy, params, format), dx, w, dy);
+  run<Direction::backward_data>(make_problem(dx, w, dy, params, format), dx, w, dy);
   return dx;
 }
 
@@ -101,18 +111,19 @@ at::Tensor backward_weight_cuda(const at::Tensor& grad_output, const at::Tensor&
   check_cuda("_convolution_backward_weight", grad_output, input);
   const c10::cuda::CUDAGuard guard(grad_output.device());
   const at::MemoryFormat format = convolution_memory_format(input, grad_output);
-  const at::Tensor x = input.contiguous(format);
-  const at::Tensor dy = grad_output.contiguous(format);
+  const at::Tensor x = aligned(input, format);
+  const at::Tensor dy = aligned(grad_output, format);
   at::Tensor dw = at::empty(weight_size, x.options().memory_format(format));
   const ConvolutionParams params =
       check_params("_convolution_backward_weight", x, dw, stride, padding, dilation, groups);
   check_grad_output("_convolution_backward_weight", x, dw, dy, params);
   if (x.numel() == 0) return dw.zero_();  // an empty batch contributes no gradient
-  run<BackwardFilterTraits>(make_problem(x, dw, dy, params, format), x, dw, dy);
+  run<Direction::backward_filter>(make_problem(x, dw, dy, params, format), x, dw, dy);
   return dw;
 }
 
-// Tunes the three directions of one convolution now, on tensors shaped like the call's.
+// Tunes the three directions of one convolution now, with the runtime's backend, on tensors shaped like the
+// call's.
 std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups, bool transposed,
                        at::IntArrayRef output_padding) {
@@ -122,14 +133,14 @@ std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::In
   const c10::cuda::CUDAGuard guard(input.device());
   const at::MemoryFormat format = convolution_memory_format(input, weight);
   const auto options = input.options().memory_format(format);
-  const at::Tensor w = weight.contiguous(format);
+  const at::Tensor w = aligned(weight, format);
   at::Tensor x, y;
   if (transposed) {
     const auto extra = per_spatial_dim("fill", "output_padding", output_padding, params.stride.size());
     x = at::empty(transposed_output_size(input.sizes(), weight.sizes(), params, extra), options);
-    y = input.contiguous(format);
+    y = aligned(input, format);
   } else {
-    x = input.contiguous(format);
+    x = aligned(input, format);
     y = at::empty(convolution_output_size(input.sizes(), weight.sizes(), params), options);
   }
   if (x.numel() == 0 || y.numel() == 0) return 0;
@@ -142,12 +153,14 @@ std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::In
   const cudnnHandle_t handle = current_handle();
   rethrow([&] {
     Runtime& runtime = Runtime::instance();
-    runtime.tune<ForwardTraits>(handle, device, problem.key_for(Direction::forward),
-                                {x.data_ptr(), w.data_ptr(), scratch_y.data_ptr()}, allocate_workspace);
-    runtime.tune<BackwardDataTraits>(handle, device, problem.key_for(Direction::backward_data),
-                                     {scratch_x.data_ptr(), w.data_ptr(), y.data_ptr()}, allocate_workspace);
-    runtime.tune<BackwardFilterTraits>(handle, device, problem.key_for(Direction::backward_filter),
-                                       {x.data_ptr(), scratch_w.data_ptr(), y.data_ptr()}, allocate_workspace);
+    runtime.tune_direction<Direction::forward>(handle, device, problem.key_for(Direction::forward),
+                                               {x.data_ptr(), w.data_ptr(), scratch_y.data_ptr()}, allocate_workspace);
+    runtime.tune_direction<Direction::backward_data>(handle, device, problem.key_for(Direction::backward_data),
+                                                     {scratch_x.data_ptr(), w.data_ptr(), y.data_ptr()},
+                                                     allocate_workspace);
+    runtime.tune_direction<Direction::backward_filter>(handle, device, problem.key_for(Direction::backward_filter),
+                                                       {x.data_ptr(), scratch_w.data_ptr(), y.data_ptr()},
+                                                       allocate_workspace);
   });
   return 3;
 }
