@@ -8,8 +8,13 @@ carries over between them):
     native_heuristic   benchmark=False: cuDNN's heuristics, no timing
     cache_cold         cudnn_cache.convert(model), empty cache, miss policy 'tune': the first step tunes every
                        convolution; the cache is then saved to a temporary file
-    cache_warm         a fresh process loads that file (timed), converts the model and sets miss policy 'error',
-                       so a convolution the file does not cover fails loudly instead of tuning
+    cache_warm         a fresh process loads that file (timed), converts the model, sets miss policy 'error'
+                       (a convolution the file does not cover fails loudly instead of tuning) and builds the
+                       execution plans of the loaded entries with cudnn_cache.prepare() (timed) before the
+                       first step; warm start = load + prepare + first step
+
+The cache modes run through the backend --backend names (cudnn_cache.set_backend): 'graph' (default) runs
+cuDNN graph-API engine configs, 'legacy' replays cudnnConvolution*Algo_t.
 
 A training step is model.zero_grad(set_to_none=True), forward, loss = output.float().sum(), backward (no
 optimizer step; the same in every mode), with the input requiring grad, as in the baseline measurement
@@ -17,18 +22,26 @@ optimizer step; the same in every mode), with the input requiring grad, as in th
 process initialises CUDA, cuBLAS and cuDNN on an unrelated tiny convolution, so the first step measures
 tuning and per-shape set-up only. Per case it reports the first step (s, synchronized), the median of --steps
 steady steps after --warmup steps (ms, synchronized per step), the tuning estimate (first step minus steady
-step), the cache load time, and the cache counters. A separate micro case measures host overhead per call of a
-tiny convolution, native F.conv2d against cudnn_cache.functional.conv2d.
+step), the cache load and prepare times, and the cache counters (tuning and plan-build time among them). A
+separate micro case measures host overhead per call of a tiny convolution: native F.conv2d against the op
+torch.ops.cudnn_cache.convolution called directly and against cudnn_cache.functional.conv2d.
+
+Targets, checked per workload from its cases and once for the op's host overhead (met or missed):
+    warm first step <= native_heuristic first step;  warm start <= 1.5 s;
+    warm steady <= native_benchmark steady;  warm steady <= the better native steady (stretch: 0.95 of it);
+    cold tuning time (cache_cold first step - steady step) <= native_benchmark first step;
+    the op's host time per call <= the better native's + 2 us.
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
 
     python3 scripts/bench.py                                   # everything: about 3-6 minutes on an H200
+    python3 scripts/bench.py --quick                           # 20 steps, seed, ResNet-18, MobileNetV2, overhead
     python3 scripts/bench.py --workloads resnet18_fp16_cl seed --modes native_heuristic cache_cold cache_warm
-    python3 scripts/bench.py --steps 50 --timeout 300 --output-dir /tmp/bench
+    python3 scripts/bench.py --backend legacy --steps 50 --timeout 300 --output-dir /tmp/bench
 
-Writes <output-dir>/bench.json (environment, settings, every raw per-case result; --json to move it),
-<output-dir>/bench.md (the table, also printed) and <output-dir>/bench.png (needs matplotlib; skipped with a
-message without it). A case that fails or times out is recorded with its error text and the run goes on.
+Writes <output-dir>/bench.json (environment, settings, every raw per-case result, the targets; --json to move
+it), <output-dir>/bench.md (the tables, also printed) and <output-dir>/bench.png (needs matplotlib; skipped
+with a message without it). A case that fails or times out is recorded with its error text and the run goes on.
 
 Exit codes: 0 every case ran; 1 some case failed (the reports are still written); 2 bad arguments or no GPU.
 """
@@ -45,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -70,11 +83,15 @@ WORKLOADS: Dict[str, Workload] = {
                                  channels_last=True),
     "resnet18_fp16_cl": Workload("ResNet-18 fp16 channels_last bs64", "resnet18", 64, (3, 224, 224), "float16",
                                  channels_last=True),
+    "mobilenet_v2_bf16_cl": Workload("MobileNetV2 bf16 channels_last bs64", "mobilenet_v2", 64, (3, 224, 224),
+                                     "bfloat16", channels_last=True),
     "conv3d_fp32": Workload("3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2)", "conv3d_stack", 2,
                             (1, 64, 64, 64), "float32"),
     "seed": Workload("two-conv model of the seed (bs7, 32x32)", "seed", 7, (3, 32, 32), "float32"),
 }
 OVERHEAD = "overhead"  # the host-overhead micro case, selected with --workloads like a workload
+QUICK_WORKLOADS = ("seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", OVERHEAD)  # what --quick runs
+BACKENDS = ("graph", "legacy")  # cudnn_cache.set_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +113,25 @@ OVERHEAD_INPUT = (1, 8, 8, 8)
 OVERHEAD_WEIGHT = (8, 8, 3, 3)
 OVERHEAD_CALLS = 1000
 OVERHEAD_REPEATS = 5
+GPU_TIME_STEPS = 5  # steps profiled for gpu_ms, after the timed ones
 
-PLAN_BUILD_NOTE = ("plan build: not applicable. cudnn_cache replays legacy cuDNN algorithms "
-                   "(cudnnConvolution*Algo_t) and builds no graph-API execution plans, so plan_build_s is null.")
+OVERHEAD_LABELS = {  # its rows: result name -> the call timed
+    "native_heuristic": "F.conv2d (benchmark=False)",
+    "native_benchmark": "F.conv2d (benchmark=True)",
+    "op": "torch.ops.cudnn_cache.convolution",
+    "functional": "cudnn_cache.functional.conv2d",
+    "native_scripted": "torch.conv2d in a TorchScript loop (benchmark=False)",
+    "op_scripted": "cudnn_cache::convolution in a TorchScript loop",
+}
+NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
+# From Python, torch.ops.<library>.<op> parses its arguments against the schema on every call, which F.conv2d's
+# generated binding does not; in TorchScript both are one interpreter call. So the op's own host overhead is
+# the scripted pair's difference, and the eager rows show what a Python caller pays on top.
+
+# The targets (see check_targets).
+TARGET_WARM_START_S = 1.5          # load + prepare + first step of cache_warm
+TARGET_STEADY_STRETCH = 0.95       # of the better native steady step; 'met' is judged at 1.00
+TARGET_OP_OVERHEAD_US = 2.0        # the op's host time per call above the better native's
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -110,13 +143,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(function: Callable[[], object], device: torch.device) -> float:
-    """Wall seconds of function(), with the device synchronized before and after."""
+def timed_call(function: Callable[[], object], device: torch.device) -> Tuple[object, float]:
+    """(function(), its wall seconds), with the device synchronized before and after."""
     synchronize(device)
     started = time.perf_counter()
-    function()
+    value = function()
     synchronize(device)
-    return time.perf_counter() - started
+    return value, time.perf_counter() - started
+
+
+def timed(function: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of function(), with the device synchronized before and after."""
+    return timed_call(function, device)[1]
 
 
 def build_model(workload: Workload) -> torch.nn.Module:
@@ -137,7 +175,7 @@ def build_model(workload: Workload) -> torch.nn.Module:
     return torchvision.models.get_model(workload.model, weights=None)
 
 
-def prepare(workload: Workload, device: torch.device, cache) -> tuple:
+def model_and_input(workload: Workload, device: torch.device, cache) -> tuple:
     """The model (converted when `cache` is the cudnn_cache module), its input, and its convolution count."""
     torch.manual_seed(0)
     model = build_model(workload)
@@ -168,26 +206,35 @@ def initialise_libraries(device: torch.device, cache) -> None:
     synchronize(device)
 
 
+def microseconds_as_seconds(stats: dict, key: str) -> Optional[float]:
+    """stats[key], a time in microseconds, in seconds; None when this build of the ops does not count it."""
+    value = stats.get(key)
+    return None if value is None else value / 1e6
+
+
 def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     workload, mode, device = WORKLOADS[workload_name], MODES[mode_name], torch.device(args.device)
     torch.backends.cudnn.benchmark = mode.benchmark
     cache = None
     if mode.miss_policy is not None:
         import cudnn_cache as cache
+        cache.set_backend(args.backend)
     initialise_libraries(device, cache)
 
     result = {"workload": workload_name, "mode": mode_name}
     if cache is not None:
+        result["backend"] = cache.backend()
         cache.clear()
-        result["plan_build_s"] = None  # see PLAN_BUILD_NOTE
+        cache.reset_stats()  # here, so that what load() counts (plans_deserialized) stays in the stats
         if mode_name == "cache_warm":
-            started = time.perf_counter()
-            result["loaded_entries"] = cache.load(args.cache_file)
-            result["load_s"] = time.perf_counter() - started
-    model, x, result["convolutions"] = prepare(workload, device, cache)
+            result["loaded_entries"], result["load_s"] = timed_call(lambda: cache.load(args.cache_file), device)
+    model, x, result["convolutions"] = model_and_input(workload, device, cache)
     if cache is not None:
         cache.set_miss_policy(mode.miss_policy)
-        cache.reset_stats()
+        if mode_name == "cache_warm":
+            # On the CPU there is no cuDNN and so no plan to build: prepare is not called, and counts as 0 s.
+            result["prepared_plans"], result["prepare_s"] = (
+                timed_call(cache.prepare, device) if device.type == "cuda" else (None, None))
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -199,41 +246,75 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     steps = [timed(step, device) for _ in range(args.steps)]
     result["steps_ms"] = [1e3 * s for s in steps]
     result["steady_ms"] = 1e3 * statistics.median(steps)
+    result["gpu_ms"] = gpu_time_per_step(step, device)
     if mode.tunes:
         result["tuning_estimate_s"] = result["first_s"] - result["steady_ms"] / 1e3
     if cache is not None:
-        result["stats"] = cache.stats()
+        result["stats"] = stats = cache.stats()
+        result["tune_s"] = microseconds_as_seconds(stats, "tune_us")
+        result["plan_build_s"] = microseconds_as_seconds(stats, "plan_build_us")
         if mode_name == "cache_cold":
             started = time.perf_counter()
             cache.save(args.cache_file)
             result["save_s"] = time.perf_counter() - started
+        if mode_name == "cache_warm":
+            result["plans_deserialized"] = stats.get("plans_deserialized")
+            result["warm_start_s"] = result["load_s"] + (result["prepare_s"] or 0.0) + result["first_s"]
     return result
+
+
+def gpu_time_per_step(step: Callable[[], None], device: torch.device, steps: int = GPU_TIME_STEPS) -> Optional[float]:
+    """Milliseconds the GPU spends running kernels and copies per step, from torch.profiler over `steps` steps
+    (None on the CPU). Against the steady step, it tells slower kernels from host time the GPU waits on."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    return sum(event.self_device_time_total for event in profiler.key_averages()) / 1e3 / steps
 
 
 def run_overhead_case(args) -> dict:
     """Host overhead per call: OVERHEAD_CALLS forward calls of a tiny convolution with no synchronize between
     them, then one synchronize; the per-call wall time (and the host-only time, before that synchronize), the
-    median over OVERHEAD_REPEATS rounds. The cache is warm: tuned before timing, then miss policy 'error'."""
+    median over OVERHEAD_REPEATS rounds. The cache is warm: tuned before timing, then miss policy 'error'.
+    op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
+    (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python."""
     import torch.nn.functional as F
 
     import cudnn_cache
 
     device = torch.device(args.device)
+    cudnn_cache.set_backend(args.backend)
     initialise_libraries(device, cudnn_cache)
     x = torch.rand(*OVERHEAD_INPUT, device=device)
     w = torch.rand(*OVERHEAD_WEIGHT, device=device)
-    calls = {  # name -> (cudnn.benchmark, the convolution)
-        "native_heuristic": (False, F.conv2d),
-        "native_benchmark": (True, F.conv2d),
-        "cudnn_cache": (False, cudnn_cache.functional.conv2d),
+    op = torch.ops.cudnn_cache.convolution
+
+    def repeat(call):
+        def calls():
+            for _ in range(OVERHEAD_CALLS):
+                call()
+        return calls
+
+    native_loop, op_loop = torch.jit.script(scripted_native_loop), torch.jit.script(scripted_op_loop)
+    calls = {  # name (as in OVERHEAD_LABELS) -> (cudnn.benchmark, OVERHEAD_CALLS calls)
+        "native_heuristic": (False, repeat(lambda: F.conv2d(x, w, padding=1))),
+        "native_benchmark": (True, repeat(lambda: F.conv2d(x, w, padding=1))),
+        "op": (False, repeat(lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], 1))),
+        "functional": (False, repeat(lambda: cudnn_cache.functional.conv2d(x, w, padding=1))),
+        "native_scripted": (False, lambda: native_loop(x, w, OVERHEAD_CALLS)),
+        "op_scripted": (False, lambda: op_loop(x, w, OVERHEAD_CALLS)),
     }
 
-    def time_calls(benchmark: bool, conv) -> tuple:
+    def time_calls(benchmark: bool, calls) -> tuple:
         torch.backends.cudnn.benchmark = benchmark
         synchronize(device)
         started = time.perf_counter()
-        for _ in range(OVERHEAD_CALLS):
-            conv(x, w, padding=1)
+        calls()
         queued = time.perf_counter()
         synchronize(device)
         finished = time.perf_counter()
@@ -241,20 +322,39 @@ def run_overhead_case(args) -> dict:
 
     with torch.no_grad():
         cudnn_cache.set_miss_policy("tune")
-        for benchmark, conv in calls.values():  # warm-up: tunes the cache entry and native's benchmark cache
-            time_calls(benchmark, conv)
+        for benchmark, call in calls.values():  # warm-up: tunes the cache entry and native's benchmark cache
+            time_calls(benchmark, call)
         cudnn_cache.set_miss_policy("error")
         cudnn_cache.reset_stats()
         rounds = {name: [] for name in calls}
         for _ in range(OVERHEAD_REPEATS):  # interleaved, so drift hits every variant alike
-            for name, (benchmark, conv) in calls.items():
-                rounds[name].append(time_calls(benchmark, conv))
+            for name, (benchmark, call) in calls.items():
+                rounds[name].append(time_calls(benchmark, call))
 
     results = {name: {"wall_us": statistics.median(r[0] for r in rounds[name]),
                       "host_us": statistics.median(r[1] for r in rounds[name]),
                       "wall_us_rounds": [r[0] for r in rounds[name]]} for name in calls}
-    return {"workload": OVERHEAD, "input": list(OVERHEAD_INPUT), "weight": list(OVERHEAD_WEIGHT), "padding": 1,
-            "calls": OVERHEAD_CALLS, "repeats": OVERHEAD_REPEATS, "results": results, "stats": cudnn_cache.stats()}
+    native_host_us = min(results[name]["host_us"] for name in NATIVE_OVERHEADS)
+    return {"workload": OVERHEAD, "backend": cudnn_cache.backend(), "input": list(OVERHEAD_INPUT),
+            "weight": list(OVERHEAD_WEIGHT), "padding": 1, "calls": OVERHEAD_CALLS, "repeats": OVERHEAD_REPEATS,
+            "results": results,
+            "op_overhead_above_native_us": results["op_scripted"]["host_us"] - results["native_scripted"]["host_us"],
+            "eager_op_overhead_above_native_us": results["op"]["host_us"] - native_host_us,
+            "stats": cudnn_cache.stats()}
+
+
+def scripted_native_loop(x: torch.Tensor, w: torch.Tensor, calls: int) -> torch.Tensor:
+    y = x
+    for _ in range(calls):
+        y = torch.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+    return y
+
+
+def scripted_op_loop(x: torch.Tensor, w: torch.Tensor, calls: int) -> torch.Tensor:
+    y = x
+    for _ in range(calls):
+        y = torch.ops.cudnn_cache.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+    return y
 
 
 def run_case(args) -> int:
@@ -294,7 +394,7 @@ def run_subprocess(command: List[str], timeout: float) -> dict:
 
 def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[str]:
     command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--case", case, "--device", args.device,
-               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
     if cache_file is not None:
         command += ["--cache-file", str(cache_file)]
     return command
@@ -305,8 +405,11 @@ def describe(result: dict) -> str:
     if "error" in result:
         return "FAILED: " + result["error"].splitlines()[0]
     if result["workload"] == OVERHEAD:
-        return ", ".join(f"{name} {r['wall_us']:.1f} us/call" for name, r in result["results"].items())
-    return f"first step {result['first_s']:.2f} s, steady {result['steady_ms']:.2f} ms"
+        return ", ".join(f"{name} {r['host_us']:.1f} us/call (host)" for name, r in result["results"].items())
+    line = f"first step {result['first_s']:.2f} s, steady {result['steady_ms']:.2f} ms"
+    if "warm_start_s" in result:
+        line += f", warm start {result['warm_start_s']:.2f} s"
+    return line
 
 
 def run_all(args) -> dict:
@@ -348,43 +451,109 @@ def environment(device: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reports: derived columns, JSON, markdown, chart
+# Reports: derived columns, targets, JSON, markdown, chart
 # ---------------------------------------------------------------------------------------------------------------
 
 def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
     return None if numerator is None or not denominator else numerator / denominator
 
 
+def successful(cases: List[dict]) -> Dict[Tuple[str, str], dict]:
+    """The cases that ran, by (workload, mode)."""
+    return {(c["workload"], c["mode"]): c for c in cases if "error" not in c}
+
+
+def best_native_steady(ok: Dict[Tuple[str, str], dict], workload: str) -> Optional[float]:
+    """The faster steady step (ms) of native_benchmark and native_heuristic; None when neither ran."""
+    steadies = [ok[(workload, m)]["steady_ms"] for m in ("native_benchmark", "native_heuristic")
+                if (workload, m) in ok]
+    return min(steadies) if steadies else None
+
+
 def add_derived(cases: List[dict]) -> None:
     """Adds case['derived'] to every successful case: steady ÷ native_benchmark steady, steady ÷ the better of
-    the two native steadies, and first step ÷ native_heuristic first step (all within the same workload)."""
-    ok = {(c["workload"], c["mode"]): c for c in cases if "error" not in c}
+    the two native steadies, first step ÷ native_heuristic first step, and (cache_warm) warm start ÷
+    native_heuristic first step, all within the same workload; None where a case is missing."""
+    ok = successful(cases)
     for case in ok.values():
         def native(mode, key):
             return ok.get((case["workload"], mode), {}).get(key)
 
-        natives = [s for s in (native("native_benchmark", "steady_ms"), native("native_heuristic", "steady_ms"))
-                   if s is not None]
         case["derived"] = {
             "steady_vs_native_benchmark": ratio(case["steady_ms"], native("native_benchmark", "steady_ms")),
-            "steady_vs_best_native": ratio(case["steady_ms"], min(natives) if natives else None),
+            "steady_vs_best_native": ratio(case["steady_ms"], best_native_steady(ok, case["workload"])),
             "first_vs_native_heuristic_first": ratio(case["first_s"], native("native_heuristic", "first_s")),
+            "warm_start_vs_native_heuristic_first": ratio(case.get("warm_start_s"),
+                                                          native("native_heuristic", "first_s")),
         }
+
+
+def check_targets(report: dict) -> List[dict]:
+    """The targets, for every workload with a cache_cold or cache_warm case, then once for the op's host
+    overhead: dicts {workload, target, value, limit, unit, met}, met = value <= limit, or None (no data) when a
+    case it needs is missing or failed. The better-native-steady target also has stretch_limit and stretch_met."""
+    ok, targets = successful(report["cases"]), []
+
+    def target(workload, text, value, limit, unit, stretch_limit=None):
+        row = {"workload": workload, "target": text, "value": value, "limit": limit, "unit": unit,
+               "met": None if value is None or limit is None else value <= limit}
+        if stretch_limit is not None:
+            row.update(stretch_limit=stretch_limit, stretch_met=None if value is None else value <= stretch_limit)
+        targets.append(row)
+
+    workloads = dict.fromkeys(c["workload"] for c in report["cases"] if c["mode"] in ("cache_cold", "cache_warm"))
+    for workload in workloads:
+        def get(mode, key):
+            return ok.get((workload, mode), {}).get(key)
+
+        warm_steady = get("cache_warm", "steady_ms")
+        target(workload, "warm first step ≤ native_heuristic first step", get("cache_warm", "first_s"),
+               get("native_heuristic", "first_s"), "s")
+        target(workload, f"warm start (load + prepare + first step) ≤ {TARGET_WARM_START_S:g} s",
+               get("cache_warm", "warm_start_s"), TARGET_WARM_START_S, "s")
+        target(workload, "warm steady ÷ native_benchmark steady ≤ 1.00",
+               ratio(warm_steady, get("native_benchmark", "steady_ms")), 1.0, "ratio")
+        target(workload, f"warm steady ÷ better native steady ≤ 1.00 (stretch {TARGET_STEADY_STRETCH:.2f})",
+               ratio(warm_steady, best_native_steady(ok, workload)), 1.0, "ratio",
+               stretch_limit=TARGET_STEADY_STRETCH)
+        target(workload, "cold tuning (cache_cold first step − steady step) ≤ native_benchmark first step",
+               get("cache_cold", "tuning_estimate_s"), get("native_benchmark", "first_s"), "s")
+    overhead = report.get("overhead")
+    if overhead is not None:
+        target(OVERHEAD, f"op host time per call ≤ better native's + {TARGET_OP_OVERHEAD_US:g} us",
+               overhead.get("op_overhead_above_native_us"), TARGET_OP_OVERHEAD_US, "us")
+    return targets
 
 
 def number(value: Optional[float], spec: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
-TABLE_HEADER = ("| workload | mode | first step | steady step | ÷ bench steady | ÷ best native steady | "
-                "first ÷ heuristic first | tuning est. (tunes) | load | hits / misses / tunes / fallbacks |")
+def table(columns: List[str], rows: List[List[str]]) -> List[str]:
+    """A markdown table."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def table_row(case: dict) -> str:
-    label = WORKLOADS[case["workload"]].label if case["workload"] in WORKLOADS else case["workload"]
+def workload_label(workload: str) -> str:
+    return WORKLOADS[workload].label if workload in WORKLOADS else workload
+
+
+START_COLUMNS = ["workload", "mode", "first step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
+                 "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
+STEADY_COLUMNS = ["workload", "mode", "steady step", "GPU time per step", "÷ bench steady", "÷ best native steady",
+                  "hits / misses / tunes / fallbacks", "plans built / deserialized / rebuilt"]
+
+
+def failed_row(case: dict, columns: List[str]) -> List[str]:
+    error = " ".join(case["error"].splitlines()[:1])[:160].replace("|", "\\|")
+    return [workload_label(case["workload"]), case["mode"], f"FAILED: {error}"] + [""] * (len(columns) - 3)
+
+
+def start_row(case: dict) -> List[str]:
+    """The case's row of the first-step and start-up table."""
     if "error" in case:
-        error = " ".join(case["error"].splitlines()[:1])[:160].replace("|", "\\|")
-        return f"| {label} | {case['mode']} | FAILED: {error} |" + " |" * 7
+        return failed_row(case, START_COLUMNS)
     derived, stats = case["derived"], case.get("stats")
     tuning = number(case.get("tuning_estimate_s"), ".2f", " s")
     if stats is not None and case["mode"] == "cache_cold":
@@ -392,11 +561,27 @@ def table_row(case: dict) -> str:
     load = "-"
     if "load_s" in case:
         load = f"{1e3 * case['load_s']:.1f} ms ({case['loaded_entries']} entries)"
-    counters = "-" if stats is None else " / ".join(str(stats[k]) for k in ("hits", "misses", "tunes", "fallbacks"))
-    cells = [label, case["mode"], number(case["first_s"], ".2f", " s"), number(case["steady_ms"], ".2f", " ms"),
-             number(derived["steady_vs_native_benchmark"], ".2f"), number(derived["steady_vs_best_native"], ".2f"),
-             number(derived["first_vs_native_heuristic_first"], ".2f"), tuning, load, counters]
-    return "| " + " | ".join(cells) + " |"
+    prepare = "-"
+    if case.get("prepare_s") is not None:
+        prepare = f"{1e3 * case['prepare_s']:.1f} ms ({case['prepared_plans']})"
+    return [workload_label(case["workload"]), case["mode"], number(case["first_s"], ".2f", " s"),
+            number(derived["first_vs_native_heuristic_first"], ".2f"), tuning, number(case.get("tune_s"), ".2f", " s"),
+            number(case.get("plan_build_s"), ".3f", " s"), load, prepare, number(case.get("warm_start_s"), ".2f", " s"),
+            number(derived["warm_start_vs_native_heuristic_first"], ".2f")]
+
+
+def steady_row(case: dict) -> List[str]:
+    """The case's row of the steady-state table."""
+    if "error" in case:
+        return failed_row(case, STEADY_COLUMNS)
+    derived, stats = case["derived"], case.get("stats")
+    counters = plans = "-"
+    if stats is not None:
+        counters = " / ".join(str(stats[k]) for k in ("hits", "misses", "tunes", "fallbacks"))
+        plans = " / ".join(str(stats.get(k, "-")) for k in ("plans_built", "plans_deserialized", "plan_rebuilds"))
+    return [workload_label(case["workload"]), case["mode"], number(case["steady_ms"], ".2f", " ms"),
+            number(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"), number(derived["steady_vs_best_native"], ".2f"),
+            counters, plans]
 
 
 def overhead_table(overhead: Optional[dict]) -> List[str]:
@@ -406,14 +591,36 @@ def overhead_table(overhead: Optional[dict]) -> List[str]:
     if "error" in overhead:
         return lines + ["", "FAILED: " + overhead["error"].splitlines()[0]]
     shape = "x".join(map(str, overhead["input"]))
-    lines += ["", f"conv2d forward, input {shape}, weight {'x'.join(map(str, overhead['weight']))}, padding 1: "
-              f"{overhead['calls']} calls with no synchronize between them, then one; median of "
-              f"{overhead['repeats']} rounds. The cache was tuned first (warm), then ran with miss policy 'error'.",
-              "", "| call | wall per call (incl. final synchronize) | host per call (before it) |", "|---|---|---|"]
-    for name, r in overhead["results"].items():
-        call = "cudnn_cache.functional.conv2d" if name == "cudnn_cache" else f"F.conv2d ({name})"
-        lines.append(f"| {call} | {r['wall_us']:.1f} us | {r['host_us']:.1f} us |")
-    return lines
+    lines += ["", f"conv2d forward, input {shape}, weight {'x'.join(map(str, overhead['weight']))}, padding 1, "
+              f"no grad: {overhead['calls']} calls with no synchronize between them, then one; median of "
+              f"{overhead['repeats']} rounds. The cache was tuned first (warm), then ran with miss policy 'error'. "
+              f"The op's host time above native's, both in a TorchScript loop: "
+              f"{overhead['op_overhead_above_native_us']:.1f} us; called from Python (torch.ops parses its "
+              f"arguments per call), above the better native's: "
+              f"{overhead.get('eager_op_overhead_above_native_us', math.nan):.1f} us.", ""]
+    rows = [[OVERHEAD_LABELS.get(name, name), f"{r['wall_us']:.1f} us", f"{r['host_us']:.1f} us"]
+            for name, r in overhead["results"].items()]
+    return lines + table(["call", "wall per call (incl. final synchronize)", "host per call (before it)"], rows)
+
+
+TARGET_FORMATS = {"s": (".2f", " s"), "ratio": (".2f", ""), "us": (".1f", " us")}
+
+
+def targets_table(targets: List[dict]) -> List[str]:
+    if not targets:
+        return []
+    verdicts = {True: "met", False: "missed", None: "no data"}
+    rows = []
+    for t in targets:
+        spec, unit = TARGET_FORMATS[t["unit"]]
+        verdict = verdicts[t["met"]]
+        if "stretch_limit" in t:
+            verdict += f"; stretch {t['stretch_limit']:.2f}: {verdicts[t['stretch_met']]}"
+        label = "host overhead" if t["workload"] == OVERHEAD else workload_label(t["workload"])
+        rows.append([label, t["target"], number(t["value"], spec, unit), number(t["limit"], spec, unit), verdict])
+    met = sum(t["met"] is True for t in targets)
+    return ["", "## Targets", "", f"{met} of {len(targets)} met (cache_warm and cache_cold against the native "
+            "cases of the same workload).", ""] + table(["workload", "target", "value", "limit", "result"], rows)
 
 
 def markdown(report: dict) -> str:
@@ -421,36 +628,57 @@ def markdown(report: dict) -> str:
     lines = [
         "# cudnn_cache against native cuDNN autotuning: whole training steps", "",
         f"{env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}), cuDNN {env['cudnn']}; {env['date']}. "
-        "Each case ran in a fresh process (`scripts/bench.py`).", "",
-        TABLE_HEADER, "|" + "---|" * TABLE_HEADER.count(" | ") + "---|",
+        f"Each case ran in a fresh process (`scripts/bench.py`); cache backend '{report['settings']['backend']}'.",
+        "", "## First step and start-up", "",
     ]
-    lines += [table_row(case) for case in report["cases"]]
+    lines += table(START_COLUMNS, [start_row(case) for case in report["cases"]])
+    lines += ["", "## Steady state", ""]
+    lines += table(STEADY_COLUMNS, [steady_row(case) for case in report["cases"]])
     lines += overhead_table(report.get("overhead"))
+    lines += targets_table(report.get("targets", []))
     lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines) + "\n"
 
 
 def notes(settings: dict) -> List[str]:
-    return [
+    lines = [
         "A training step: zero_grad(set_to_none=True), forward, loss = output.float().sum(), backward; no optimizer "
         "step. The input requires grad. The same in every mode.",
         "first step: wall time of the first training step, synchronized, after CUDA, cuBLAS and cuDNN were set up "
         f"on an unrelated tiny convolution. steady step: median of {settings['steps']} steps, synchronized per "
-        f"step, after {settings['warmup']} warm-up steps.",
+        f"step, after {settings['warmup']} warm-up steps. GPU time per step: kernel and copy time torch.profiler "
+        f"records over {GPU_TIME_STEPS} more steps, per step; a steady step well above it is host time the GPU "
+        "waits on.",
+        f"backend: the cache modes ran with cudnn_cache.set_backend('{settings['backend']}'). 'graph' runs cuDNN "
+        "graph-API engine configs, each through an execution plan built from its stored config (by prepare() or "
+        "on its first call); 'legacy' replays cudnnConvolution*Algo_t and builds no plans.",
         "tuning est.: first step minus steady step, for the modes that tune (native_benchmark, cache_cold); in "
         "parentheses, the convolutions cudnn_cache tuned (stats()['tunes']).",
-        "load: cudnn_cache.load() of the file cache_cold saved (cache_warm, which runs with miss policy 'error').",
+        "tune time, plan build: stats()['tune_us'] and stats()['plan_build_us'] over the case, in seconds: time "
+        "spent tuning, and building execution plans (on first calls and in prepare()); '-' where this build of "
+        "the ops does not count them.",
+        "load: cudnn_cache.load() of the file cache_cold saved (cache_warm, which runs with miss policy 'error'). "
+        "prepare: cudnn_cache.prepare() after it, before the first step, which builds the execution plan of "
+        "every loaded graph-API entry of the GPU (in parentheses, the plans it reports). warm start: load + "
+        "prepare + first step.",
         "÷ bench steady: steady step ÷ native_benchmark's; ÷ best native steady: ÷ the faster of native_benchmark "
-        "and native_heuristic; first ÷ heuristic first: first step ÷ native_heuristic's first step.",
-        "hits / misses / tunes / fallbacks: cudnn_cache.stats() over the first step and all later ones.",
-        PLAN_BUILD_NOTE,
+        "and native_heuristic; first ÷ heuristic first, warm start ÷ heuristic first: ÷ native_heuristic's "
+        "first step.",
+        "hits / misses / tunes / fallbacks, plans built / deserialized / rebuilt: cudnn_cache.stats() over the "
+        "case (from before load, so prepare and the first step count): plans_built, plans_deserialized (restored "
+        "from the file instead of built), plan_rebuilds (stored plans that could not be used and were rebuilt).",
     ]
+    if settings["device"] == "cpu":
+        lines.append("--device cpu: no cuDNN, so prepare() is not called: prepare_s and prepared_plans are null, "
+                     "and warm start counts prepare as 0 s.")
+    return lines
 
 
 def plot(report: dict, path: pathlib.Path) -> bool:
-    """Grouped bars per workload and mode: steady step (top) and first step (bottom), both on log scales.
-    Returns False, saying why, when matplotlib is missing or no training case succeeded."""
-    ok = {(c["workload"], c["mode"]): c for c in report["cases"] if "error" not in c}
+    """Grouped bars per workload, on log scales: steady step and first step per mode, and (when cache_warm ran)
+    cache_warm's warm start against the native first steps. Returns False, saying why, when matplotlib is
+    missing or no training case succeeded."""
+    ok = successful(report["cases"])
     if not ok:
         print(f"bench: no successful training case to chart; skipping {path}")
         return False
@@ -463,25 +691,33 @@ def plot(report: dict, path: pathlib.Path) -> bool:
         return False
     workloads = list(dict.fromkeys(c["workload"] for c in report["cases"]))
     modes = [m for m in MODES if any(c["mode"] == m for c in report["cases"])]
-    width = 0.8 / max(len(modes), 1)
-    figure, axes = plt.subplots(2, 1, figsize=(max(8.0, 2.2 * len(workloads)), 9), constrained_layout=True)
-    panels = [("steady_ms", "steady step (ms, median)"), ("first_s", "first step (s)")]
-    for axis, (key, title) in zip(axes, panels):
-        for index, mode in enumerate(modes):
-            values = [ok[(w, mode)][key] if (w, mode) in ok else math.nan for w in workloads]
-            positions = [i + (index - (len(modes) - 1) / 2) * width for i in range(len(workloads))]
-            bars = axis.bar(positions, values, width, label=mode)
+    panels = [("steady step (ms, median)", [(m, m, "steady_ms") for m in modes]),  # title, [(label, mode, key)]
+              ("first step (s)", [(m, m, "first_s") for m in modes])]
+    if any("warm_start_s" in case for case in ok.values()):
+        natives = [m for m in ("native_benchmark", "native_heuristic") if m in modes]
+        panels.append(("start-up (s): native first steps, cache_warm's load + prepare + first step",
+                       [(f"{m} first step", m, "first_s") for m in natives]
+                       + [("cache_warm warm start", "cache_warm", "warm_start_s")]))
+    figure, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 2.2 * len(workloads)), 4.5 * len(panels)),
+                                constrained_layout=True)
+    for axis, (title, series) in zip(axes, panels):
+        width = 0.8 / len(series)
+        for index, (label, mode, key) in enumerate(series):
+            values = [ok.get((w, mode), {}).get(key) for w in workloads]
+            values = [math.nan if v is None else v for v in values]
+            positions = [i + (index - (len(series) - 1) / 2) * width for i in range(len(workloads))]
+            bars = axis.bar(positions, values, width, label=label, color=f"C{list(MODES).index(mode)}")
             axis.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.3g}" for v in values], fontsize=7,
                            rotation=90, padding=2)
         axis.set_yscale("log")
         axis.set_title(title)
         axis.set_xticks(range(len(workloads)))
-        axis.set_xticklabels([WORKLOADS[w].label if w in WORKLOADS else w for w in workloads], fontsize=8,
-                             rotation=15, ha="right")
+        axis.set_xticklabels([workload_label(w) for w in workloads], fontsize=8, rotation=15, ha="right")
         axis.margins(y=0.25)
         axis.legend(fontsize=8)
     env = report["environment"]
-    figure.suptitle(f"cudnn_cache vs native cuDNN: {env['gpu']}, torch {env['torch']}, cuDNN {env['cudnn']}")
+    figure.suptitle(f"cudnn_cache ({report['settings']['backend']}) vs native cuDNN: {env['gpu']}, "
+                    f"torch {env['torch']}, cuDNN {env['cudnn']}")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -489,9 +725,10 @@ def plot(report: dict, path: pathlib.Path) -> bool:
 
 
 def write_reports(report: dict, json_path: pathlib.Path, output_dir: pathlib.Path) -> str:
-    """Adds the derived columns, writes the JSON, the markdown table and the chart (when matplotlib is there);
-    returns the markdown."""
+    """Adds the derived columns and the targets, writes the JSON, the markdown tables and the chart (when
+    matplotlib is there); returns the markdown."""
     add_derived(report["cases"])
+    report["targets"] = check_targets(report)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
@@ -508,12 +745,17 @@ def write_reports(report: dict, json_path: pathlib.Path, output_dir: pathlib.Pat
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", nargs="+", choices=[*WORKLOADS, OVERHEAD], default=[*WORKLOADS, OVERHEAD],
-                        metavar="NAME", help=f"a subset of: {', '.join([*WORKLOADS, OVERHEAD])} (default: all)")
+    parser.add_argument("--workloads", nargs="+", choices=[*WORKLOADS, OVERHEAD], metavar="NAME",
+                        help=f"a subset of: {', '.join([*WORKLOADS, OVERHEAD])} (default: all; with --quick: "
+                             f"{', '.join(QUICK_WORKLOADS)})")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), metavar="MODE",
                         help=f"a subset of: {', '.join(MODES)} (default: all; cache_warm needs cache_cold)")
-    parser.add_argument("--steps", type=int, default=30, help="steady steps timed per case (>= 20; default 30)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
+    parser.add_argument("--backend", choices=BACKENDS, default="graph",
+                        help="cudnn_cache.set_backend for the cache modes and the overhead case (default graph)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: --steps 20, --warmup 3 and the --quick workloads, unless given")
+    parser.add_argument("--steps", type=int, help="steady steps timed per case (>= 20; default 30, --quick 20)")
+    parser.add_argument("--warmup", type=int, help="untimed steps before them (default 5, --quick 3)")
     parser.add_argument("--output-dir", type=pathlib.Path, default=ROOT / "docs",
                         help="where bench.md and bench.png go (default: docs/ of the repository)")
     parser.add_argument("--json", type=pathlib.Path, help="the JSON report (default: OUTPUT_DIR/bench.json)")
@@ -524,6 +766,12 @@ def parse_args(argv=None):
     parser.add_argument("--cache-file", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.workloads is None:
+        args.workloads = list(QUICK_WORKLOADS) if args.quick else [*WORKLOADS, OVERHEAD]
+    if args.steps is None:
+        args.steps = 20 if args.quick else 30
+    if args.warmup is None:
+        args.warmup = 3 if args.quick else 5
     if args.steps < 20:
         parser.error("--steps must be >= 20 (the steady step is a median over them)")
     if args.warmup < 0 or args.timeout <= 0:
@@ -543,8 +791,8 @@ def main(argv=None) -> int:
         return 2
     if args.case:
         return run_case(args)
-    settings = {"workloads": args.workloads, "modes": args.modes, "steps": args.steps, "warmup": args.warmup,
-                "timeout_s": args.timeout, "device": args.device}
+    settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
+                "steps": args.steps, "warmup": args.warmup, "timeout_s": args.timeout, "device": args.device}
     report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings)}
     report.update(run_all(args))
     print()

@@ -1,6 +1,7 @@
-"""scripts/bench.py without a GPU: the reports (derived columns, JSON, markdown table, chart when matplotlib is
-importable) from synthetic results, the driver's handling of failing and timed-out cases, the exit codes, and
-the per-case subprocess plumbing end to end on the CPU (hidden --device cpu)."""
+"""scripts/bench.py without a GPU: the reports (derived columns, targets, JSON, markdown tables, chart when
+matplotlib is importable) from synthetic results, the driver's handling of failing and timed-out cases, the
+arguments (--quick, --backend) and exit codes, and the per-case subprocess plumbing end to end on the CPU (hidden
+--device cpu)."""
 
 import importlib.util
 import json
@@ -25,57 +26,72 @@ def load_bench():
 bench = load_bench()
 
 # workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms), from MEASURED.md
+# (MobileNetV2's made up)
 NATIVE = {
     "resnet50_fp32": (16.07, 29.9, 0.47, 24.9),
     "resnet50_bf16_cl": (13.55, 24.2, 0.74, 27.5),
     "resnet18_fp16_cl": (7.72, 9.47, 0.56, 11.2),
+    "mobilenet_v2_bf16_cl": (6.0, 12.0, 0.6, 12.5),
     "conv3d_fp32": (4.20, 11.6, 0.27, 11.9),
     "seed": (3.41, 0.95, 0.20, 0.98),
 }
 FAILED_ERROR = "exit code 1: RuntimeError: cudnn_cache: miss | key (forward, ...)\nTraceback: more"
+WARM_START_S = 0.0012 + 0.25 + 0.3  # load + prepare + first step of every synthetic cache_warm
 
 
-def stats(tunes: int) -> dict:
-    return {"hits": 600, "misses": tunes, "tunes": tunes, "fallbacks": 0, "entries": 159}
+def stats(tunes: int, plans_built: int) -> dict:
+    return {"hits": 600, "misses": tunes, "tunes": tunes, "fallbacks": 0, "entries": 159, "tune_us": 26_400 * tunes,
+            "plans_built": plans_built, "plan_build_us": 2000 * plans_built, "plans_deserialized": 0,
+            "plan_rebuilds": 0}
 
 
 def synthetic_report() -> dict:
     """Results shaped like the child processes print them, for every workload and mode; resnet18's cache_warm
-    failed."""
+    failed. cache_warm's steady step is 1.25 x native_heuristic's (0.9 x for MobileNetV2)."""
     cases = []
     for workload, (bench_first, bench_steady, heuristic_first, heuristic_steady) in NATIVE.items():
+        warm_steady = (0.9 if workload == "mobilenet_v2_bf16_cl" else 1.25) * heuristic_steady
         cases += [
             {"workload": workload, "mode": "native_benchmark", "first_s": bench_first, "steady_ms": bench_steady,
              "steps_ms": [bench_steady] * 20, "tuning_estimate_s": bench_first - bench_steady / 1e3},
             {"workload": workload, "mode": "native_heuristic", "first_s": heuristic_first,
              "steady_ms": heuristic_steady, "steps_ms": [heuristic_steady] * 20},
-            {"workload": workload, "mode": "cache_cold", "first_s": 5.0, "steady_ms": 1.3 * heuristic_steady,
-             "steps_ms": [1.3 * heuristic_steady] * 20, "tuning_estimate_s": 4.9, "plan_build_s": None,
-             "stats": stats(159), "save_s": 0.002},
+            {"workload": workload, "mode": "cache_cold", "backend": "graph", "first_s": 5.0,
+             "steady_ms": 1.3 * heuristic_steady, "steps_ms": [1.3 * heuristic_steady] * 20,
+             "tuning_estimate_s": 4.9, "tune_s": 4.1976, "plan_build_s": 0.318, "stats": stats(159, 159),
+             "save_s": 0.002},
         ]
         if workload == "resnet18_fp16_cl":
             cases.append({"workload": workload, "mode": "cache_warm", "error": FAILED_ERROR, "process_s": 4.0})
         else:
-            cases.append({"workload": workload, "mode": "cache_warm", "first_s": 0.3,
-                          "steady_ms": 1.25 * heuristic_steady, "steps_ms": [1.25 * heuristic_steady] * 20,
-                          "plan_build_s": None, "load_s": 0.0012, "loaded_entries": 159, "stats": stats(0)})
-    overhead = {"workload": "overhead", "input": [1, 8, 8, 8], "weight": [8, 8, 3, 3], "padding": 1, "calls": 1000,
-                "repeats": 5, "stats": stats(0),
-                "results": {name: {"wall_us": us, "host_us": us - 1, "wall_us_rounds": [us] * 5}
-                            for name, us in (("native_heuristic", 9.0), ("native_benchmark", 8.5),
-                                             ("cudnn_cache", 11.0))}}
-    settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench.MODES), "steps": 30, "warmup": 5,
-                "timeout_s": 180.0, "device": "cuda"}
+            cases.append({"workload": workload, "mode": "cache_warm", "backend": "graph", "first_s": 0.3,
+                          "steady_ms": warm_steady, "steps_ms": [warm_steady] * 20, "tune_s": 0.0,
+                          "plan_build_s": 0.2, "load_s": 0.0012, "loaded_entries": 159, "prepare_s": 0.25,
+                          "prepared_plans": 100, "warm_start_s": WARM_START_S, "plans_deserialized": 0,
+                          "stats": stats(0, 100)})
+    overhead = {"workload": "overhead", "backend": "graph", "input": [1, 8, 8, 8], "weight": [8, 8, 3, 3],
+                "padding": 1, "calls": 1000, "repeats": 5, "stats": stats(0, 0), "op_overhead_above_native_us": 1.5,
+                "eager_op_overhead_above_native_us": 1.5,
+                "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 5}
+                            for name, us in (("native_heuristic", 8.0), ("native_benchmark", 7.5), ("op", 9.0),
+                                             ("functional", 10.0))}}
+    settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench.MODES), "backend": "graph", "quick": False,
+                "steps": 30, "warmup": 5, "timeout_s": 180.0, "device": "cuda"}
     environment = {"date": "2026-11-29T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
                    "cuda": "13.0", "cudnn": 91900, "cudnn_allow_tf32": True, "python": "3.11", "host": "test"}
     return {"environment": environment, "settings": settings, "notes": bench.notes(settings), "cases": cases,
             "overhead": overhead}
 
 
-def table_rows(markdown: str) -> list:
-    """The main table's rows (header and separator included), each split into cells on unescaped pipes."""
-    lines = markdown.split("\n\n## ")[0].splitlines()
-    rows = [line for line in lines if line.startswith("|")]
+def section(markdown: str, title: str) -> str:
+    """The text of the markdown section '## title', up to the next one."""
+    return markdown.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(text: str) -> list:
+    """The rows of the table in `text` (header and separator included), each split into cells on unescaped
+    pipes."""
+    rows = [line for line in text.splitlines() if line.startswith("|")]
     return [line.replace("\\|", "").strip("|").split("|") for line in rows]
 
 
@@ -84,29 +100,42 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     markdown = bench.write_reports(report, tmp_path / "out" / "bench.json", tmp_path)
 
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert data["environment"]["gpu"] == "NVIDIA H200"
-    assert len(data["cases"]) == 20 and data["overhead"]["results"]["cudnn_cache"]["wall_us"] == 11.0
+    assert data["environment"]["gpu"] == "NVIDIA H200" and data["settings"]["backend"] == "graph"
+    assert len(data["cases"]) == 24 and data["overhead"]["results"]["op"]["host_us"] == 9.0
     by_case = {(c["workload"], c["mode"]): c for c in data["cases"]}
     heuristic = by_case[("resnet50_fp32", "native_heuristic")]["derived"]
     assert heuristic["steady_vs_native_benchmark"] == pytest.approx(24.9 / 29.9)
     assert heuristic["steady_vs_best_native"] == pytest.approx(1.0)
+    assert heuristic["warm_start_vs_native_heuristic_first"] is None
     warm = by_case[("resnet50_bf16_cl", "cache_warm")]
-    assert warm["plan_build_s"] is None
     assert warm["derived"]["steady_vs_best_native"] == pytest.approx(1.25 * 27.5 / 24.2)
     assert warm["derived"]["first_vs_native_heuristic_first"] == pytest.approx(0.3 / 0.74)
+    assert warm["derived"]["warm_start_vs_native_heuristic_first"] == pytest.approx(WARM_START_S / 0.74)
     failed = by_case[("resnet18_fp16_cl", "cache_warm")]
     assert "derived" not in failed and failed["error"] == FAILED_ERROR
+    assert len(data["targets"]) == 6 * 5 + 1 and data["targets"] == report["targets"]
 
     assert (tmp_path / "bench.md").read_text() == markdown
-    rows = table_rows(markdown)
-    assert len(rows) == 2 + 20
-    assert all(len(row) == len(rows[0]) for row in rows), "every row has as many cells as the header"
-    assert "ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | 34.38 ms | 1.42 | 1.42 | 0.41 |" in markdown
-    assert "| 1.2 ms (159 entries) |" in markdown and "| 4.90 s (159) |" in markdown
-    assert "FAILED: exit code 1: RuntimeError: cudnn_cache: miss \\| key" in markdown
-    assert "Traceback: more" not in markdown  # the first line of the error only
-    assert "| cudnn_cache.functional.conv2d | 11.0 us | 10.0 us |" in markdown
-    assert "plan_build_s is null" in markdown
+    for title, columns in (("First step and start-up", bench.START_COLUMNS),
+                           ("Steady state", bench.STEADY_COLUMNS)):
+        rows = table_rows(section(markdown, title))
+        assert len(rows) == 2 + 24 and len(rows[0]) == len(columns)
+        assert all(len(row) == len(columns) for row in rows), f"{title}: every row has as many cells as the header"
+    start, steady = section(markdown, "First step and start-up"), section(markdown, "Steady state")
+    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | 0.41 | - | 0.00 s | 0.200 s | "
+            "1.2 ms (159 entries) | 250.0 ms (100) | 0.55 s | 0.74 |") in start
+    assert "| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | 25.00 | 4.90 s (159) | 4.20 s |" in start
+    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 ms | - | 1.42 | 1.42 | 600 / 0 / 0 / 0 | "
+            "100 / 0 / 0 |") in steady
+    assert "| MobileNetV2 bf16 channels_last bs64 | native_heuristic | 12.50 ms | - | 1.04 | 1.04 | - | - |" in steady
+    for text in (start, steady):
+        assert "FAILED: exit code 1: RuntimeError: cudnn_cache: miss \\| key" in text
+        assert "Traceback: more" not in text  # the first line of the error only
+    overhead = section(markdown, "Host overhead per call")
+    assert "| torch.ops.cudnn_cache.convolution | 10.0 us | 9.0 us |" in overhead
+    assert "| cudnn_cache.functional.conv2d | 11.0 us | 10.0 us |" in overhead
+    assert "above the better native's: 1.5 us" in overhead
+    assert "cudnn_cache.set_backend('graph')" in section(markdown, "Notes") and "plan_build_s is null" not in markdown
 
     chart = tmp_path / "bench.png"
     if importlib.util.find_spec("matplotlib") is None:
@@ -116,6 +145,45 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_targets_met_missed_and_without_data(tmp_path):
+    report = synthetic_report()
+    markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
+    targets = {(t["workload"], t["target"].split(" ≤")[0]): t for t in bench.check_targets(report)}
+    assert all(set(t) >= {"workload", "target", "value", "limit", "met"} for t in targets.values())
+
+    first = targets[("resnet50_fp32", "warm first step")]
+    assert (first["value"], first["limit"], first["met"]) == (0.3, 0.47, True)
+    assert targets[("seed", "warm first step")]["met"] is False  # 0.30 s > native_heuristic's 0.20 s
+    start = targets[("resnet50_fp32", "warm start (load + prepare + first step)")]
+    assert start["value"] == pytest.approx(WARM_START_S) and start["limit"] == 1.5 and start["met"] is True
+    versus_bench = targets[("resnet50_fp32", "warm steady ÷ native_benchmark steady")]
+    assert versus_bench["value"] == pytest.approx(1.25 * 24.9 / 29.9) and versus_bench["met"] is False
+    best = targets[("resnet50_fp32", "warm steady ÷ better native steady")]
+    assert (best["value"], best["met"], best["stretch_limit"], best["stretch_met"]) == (1.25, False, 0.95, False)
+    best = targets[("mobilenet_v2_bf16_cl", "warm steady ÷ better native steady")]
+    assert best["value"] == pytest.approx(0.9 * 12.5 / 12.0) and best["met"] is True and best["stretch_met"] is True
+    tuning = "cold tuning (cache_cold first step − steady step)"
+    assert targets[("resnet50_fp32", tuning)]["met"] is True and targets[("seed", tuning)]["met"] is False
+    no_warm = targets[("resnet18_fp16_cl", "warm first step")]  # its cache_warm failed
+    assert no_warm["value"] is None and no_warm["met"] is None
+    assert targets[("resnet18_fp16_cl", tuning)]["met"] is True
+    op = targets[("overhead", "op host time per call")]
+    assert (op["value"], op["limit"], op["met"]) == (1.5, 2.0, True)
+
+    text = section(markdown, "Targets")
+    rows = table_rows(text)
+    assert len(rows) == 2 + 31 and all(len(row) == 5 for row in rows)
+    assert "| ResNet-50 fp32 bs32 | warm first step ≤ native_heuristic first step | 0.30 s | 0.47 s | met |" in text
+    assert "| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed |" in text
+    assert "| 1.25 | 1.00 | missed; stretch 0.95: missed |" in text
+    assert "| 0.94 | 1.00 | met; stretch 0.95: met |" in text
+    assert ("| ResNet-18 fp16 channels_last bs64 | warm first step ≤ native_heuristic first step | - | 0.56 s | "
+            "no data |") in text
+    assert "| host overhead | op host time per call ≤ better native's + 2 us | 1.5 us | 2.0 us | met |" in text
+    met = sum(t["met"] is True for t in report["targets"])
+    assert f"{met} of 31 met" in text
+
+
 def test_derived_columns_without_native_cases(tmp_path):
     report = synthetic_report()
     report["cases"] = [c for c in report["cases"] if c["mode"].startswith("cache_")]
@@ -123,8 +191,12 @@ def test_derived_columns_without_native_cases(tmp_path):
     markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
     warm = next(c for c in report["cases"] if c["mode"] == "cache_warm" and "error" not in c)
     assert set(warm["derived"].values()) == {None}
-    assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | 31.12 ms | - | - | - | - | 1.2 ms" in markdown
+    assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | 0.00 s | 0.200 s | 1.2 ms" in markdown
+    assert "| ResNet-50 fp32 bs32 | cache_warm | 31.12 ms | - | - |" in markdown
     assert "Host overhead" not in markdown
+    first = next(t for t in report["targets"] if t["workload"] == "resnet50_fp32")
+    assert first["limit"] is None and first["met"] is None  # no native_heuristic case to compare with
+    assert all(t["workload"] != "overhead" for t in report["targets"])
 
 
 def test_run_subprocess_parses_success_and_records_failures():
@@ -145,16 +217,18 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     def fake(command, timeout):
         case = command[command.index("--case") + 1]
         commands.append(case)
+        assert command[command.index("--backend") + 1] == "legacy"
         if case == "seed:cache_cold":
             return {"error": "exit code 1: tuning failed", "process_s": 1.0}
         if case.endswith(":cache_cold"):  # a cache_cold that works saves the file cache_warm loads
             pathlib.Path(command[command.index("--cache-file") + 1]).write_bytes(b"cache")
         if case == "overhead":
-            return {"workload": "overhead", "results": {"cudnn_cache": {"wall_us": 1.0, "host_us": 1.0}}}
+            return {"workload": "overhead", "results": {"op": {"wall_us": 1.0, "host_us": 1.0}}}
         return {"workload": case.split(":")[0], "mode": case.split(":")[1], "first_s": 1.0, "steady_ms": 2.0}
 
     monkeypatch.setattr(bench, "run_subprocess", fake)
-    args = bench.parse_args(["--workloads", "seed", "overhead", "conv3d_fp32", "--device", "cpu"])
+    args = bench.parse_args(["--workloads", "seed", "overhead", "conv3d_fp32", "--device", "cpu",
+                             "--backend", "legacy"])
     results = bench.run_all(args)
     assert commands == ["seed:native_benchmark", "seed:native_heuristic", "seed:cache_cold",
                         "conv3d_fp32:native_benchmark", "conv3d_fp32:native_heuristic", "conv3d_fp32:cache_cold",
@@ -177,8 +251,8 @@ def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("arguments", [["--steps", "10"], ["--modes", "cache_warm"], ["--workloads", "vgg"],
-                                       ["--timeout", "0"]])
+@pytest.mark.parametrize("arguments", [["--steps", "10"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
+                                       ["--workloads", "vgg"], ["--timeout", "0"], ["--backend", "cudnn"]])
 def test_bad_arguments_exit_2(arguments):
     with pytest.raises(SystemExit) as raised:
         bench.parse_args(arguments)
@@ -188,8 +262,17 @@ def test_bad_arguments_exit_2(arguments):
 def test_default_arguments():
     args = bench.parse_args([])
     assert args.workloads == [*bench.WORKLOADS, "overhead"] and args.modes == list(bench.MODES)
-    assert (args.steps, args.warmup, args.device) == (30, 5, "cuda")
+    assert (args.steps, args.warmup, args.device, args.backend, args.quick) == (30, 5, "cuda", "graph", False)
     assert args.json == args.output_dir / "bench.json" and args.output_dir == ROOT / "docs"
+    assert list(bench.WORKLOADS).index("mobilenet_v2_bf16_cl") == list(bench.WORKLOADS).index("resnet18_fp16_cl") + 1
+
+
+def test_quick_arguments():
+    args = bench.parse_args(["--quick"])
+    assert args.workloads == ["seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", "overhead"]
+    assert (args.steps, args.warmup, args.modes) == (20, 3, list(bench.MODES))
+    args = bench.parse_args(["--quick", "--workloads", "conv3d_fp32", "--steps", "25", "--warmup", "0"])
+    assert (args.workloads, args.steps, args.warmup) == (["conv3d_fp32"], 25, 0)
 
 
 def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
@@ -202,7 +285,22 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
         assert "error" not in case, case
         assert len(case["steps_ms"]) == 20 and case["convolutions"] == 2 and case["first_s"] > 0
     cold, warm = data["cases"][2:]
-    assert cold["plan_build_s"] is None and "save_s" in cold and set(cold["stats"]) >= {"hits", "tunes"}
+    for case in (cold, warm):
+        assert case["backend"] == "graph" and set(case["stats"]) >= {"hits", "tunes"}
+        plan_build_us = case["stats"].get("plan_build_us")  # None from a build that does not count it
+        assert case["plan_build_s"] == (None if plan_build_us is None else plan_build_us / 1e6)
+    assert "save_s" in cold
     assert warm["load_s"] >= 0 and warm["loaded_entries"] == 0  # the CPU runs native convolutions: no entries
-    assert set(data["overhead"]["results"]) == {"native_heuristic", "native_benchmark", "cudnn_cache"}
-    assert (tmp_path / "bench.md").exists() and "| cache_warm |" in done.stdout
+    assert warm["prepare_s"] is None and warm["prepared_plans"] is None  # no cuDNN on the CPU: prepare not called
+    assert warm["warm_start_s"] == pytest.approx(warm["load_s"] + warm["first_s"])
+    assert warm["derived"]["warm_start_vs_native_heuristic_first"] is not None
+    overhead = data["overhead"]
+    results = overhead["results"]
+    assert set(results) == {"native_heuristic", "native_benchmark", "op", "functional", "native_scripted",
+                            "op_scripted"}
+    native = min(results[name]["host_us"] for name in ("native_heuristic", "native_benchmark"))
+    assert overhead["eager_op_overhead_above_native_us"] == pytest.approx(results["op"]["host_us"] - native)
+    assert overhead["op_overhead_above_native_us"] == pytest.approx(
+        results["op_scripted"]["host_us"] - results["native_scripted"]["host_us"])
+    assert {t["workload"] for t in data["targets"]} == {"seed", "overhead"}
+    assert (tmp_path / "bench.md").exists() and "| cache_warm |" in done.stdout and "## Targets" in done.stdout
