@@ -26,7 +26,11 @@
 //   |     |     |              cuDNN major, cuDNN minor}                        |
 //   |     |     |     3 x (u64 count, count x {ConvolutionKey, Ranking})        |
 //   |     |     |         key: its 47 i32 words; ranking: u64 n, n candidates   |
-//   |     |     |         for forward, backward_data, backward_filter           |
+//   |     |     |         legacy forward, backward_data, backward_filter        |
+//   |     |     |     3 x the same for the graph API's engine configs      (v2+)|
+//   |     |     |     u64 count, count x {ConvolutionKey, StoredPlan}      (v3+)|
+//   |     |     |         plan: engine config, u32 cuDNN version,               |
+//   |     |     |               u64 n, n bytes of cudnn-frontend's plan         |
 //   |     |     |   (each class's u32 cereal version precedes its first use)    |
 //   +-----+-----+---------------------------------------------------------------+
 //   | 29+P|   8 | checksum of bytes [0, 29 + P)                                 |
@@ -103,11 +107,35 @@ void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection
   }
 }
 
-// Version 1 files hold the legacy caches only; version 2 added the graph API's.
+// Version 1 files hold the legacy caches only; version 2 added the graph API's, version 3 stored plans.
 bool holds_graph_entries(std::uint32_t format_version) { return format_version >= 2; }
+bool holds_plans(std::uint32_t format_version) { return format_version >= 3; }
+
+void write_plans(cereal::PortableBinaryOutputArchive& archive, const CheckpointSection& section) {
+  archive(cereal::make_size_tag(static_cast<cereal::size_type>(section.plans.size())));
+  for (const auto& [key, plan] : section.plans) archive(key, *plan);
+}
+
+void read_plans(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section) {
+  cereal::size_type count = 0;
+  archive(cereal::make_size_tag(count));
+  for (cereal::size_type i = 0; i < count; ++i) {
+    ConvolutionKey key;
+    StoredPlan plan;
+    archive(key, plan);
+    if (const std::string problem = check_key(key); !problem.empty()) {
+      detail::throw_invalid("stored plan ", i, ": ", problem);
+    }
+    if (!section.plans.empty() && !(section.plans.back().first < key)) {
+      detail::throw_invalid("stored plan ", i, " is out of order or repeated");
+    }
+    section.plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
+  }
+}
 
 std::string serialize_payload(const Checkpoint& checkpoint) {
-  const bool graph = holds_graph_entries(checkpoint.header.format_version);
+  const std::uint32_t version = checkpoint.header.format_version;
+  const bool graph = holds_graph_entries(version);
   std::ostringstream bytes(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive archive(bytes);
@@ -120,10 +148,16 @@ std::string serialize_payload(const Checkpoint& checkpoint) {
         if (graph) {
           write_entries<Traits>(archive, section);
         } else {
-          CUDNN_CACHE_REQUIRE(section.entries<Traits>().empty(), "file format ", checkpoint.header.format_version,
+          CUDNN_CACHE_REQUIRE(section.entries<Traits>().empty(), "file format ", version,
                               " cannot hold graph-API entries; write format ", kFormatVersion);
         }
       });
+      if (holds_plans(version)) {
+        write_plans(archive, section);
+      } else {
+        CUDNN_CACHE_REQUIRE(section.plans.empty(), "file format ", version, " cannot hold stored plans; write format ",
+                            kFormatVersion);
+      }
     }
   }
   return std::move(bytes).str();
@@ -146,6 +180,7 @@ std::vector<CheckpointSection> deserialize_payload(const char* payload, std::siz
     if (holds_graph_entries(format_version)) {
       for_each_graph_direction([&](auto traits) { read_entries<decltype(traits)>(archive, section); });
     }
+    if (holds_plans(format_version)) read_plans(archive, section);
     sections.push_back(std::move(section));
   }
   if (bytes.peek() != std::char_traits<char>::eof()) detail::throw_invalid("bytes after the last section");
@@ -177,7 +212,8 @@ Checkpoint snapshot(const CacheStore& store) {
       using Traits = decltype(traits);
       section.entries<Traits>() = caches->template get<Traits>().entries();
     });
-    if (section.size() > 0) checkpoint.sections.push_back(std::move(section));
+    section.plans = caches->plans.entries();
+    if (section.size() > 0 || !section.plans.empty()) checkpoint.sections.push_back(std::move(section));
   }
   return checkpoint;
 }
@@ -189,6 +225,7 @@ void merge_into(CacheStore& store, const Checkpoint& checkpoint) {
       using Traits = decltype(traits);
       for (const auto& [key, ranking] : section.entries<Traits>()) caches.get<Traits>().insert(key, ranking);
     });
+    for (const auto& [key, plan] : section.plans) caches.plans.insert(key, *plan);
   }
 }
 
@@ -268,6 +305,7 @@ LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& 
   report.header = checkpoint.header;
   for (const CheckpointSection& section : checkpoint.sections) {
     report.entries += section.size();
+    report.plans += section.plans.size();
     if (!section.origin.same_cudnn(running)) report.other_cudnn_entries += section.size();
   }
   merge_into(store, checkpoint);

@@ -205,7 +205,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   std::set<std::string> timed;  // heuristics A and the fallback list overlap: time each plan name once
   std::vector<EngineCandidate> configs;
   const std::int64_t count = graph->get_execution_plan_count();
-  for (std::int64_t index = 0; index < count; ++index) {
+  for (std::int64_t index = 0; index < count && static_cast<int>(configs.size()) < options.max_candidates; ++index) {
     std::string name;
     if (graph->get_plan_name_at_index(index, name).is_bad() || !timed.insert(name).second) continue;
     if (graph->build_plan_at_index(index).is_bad()) continue;  // not supported, or filtered out
@@ -247,6 +247,37 @@ GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const Engi
   std::int64_t bytes = 0;
   check_status(graph_->get_workspace_size(bytes), "get_workspace_size", key);
   workspace_bytes_ = static_cast<std::uint64_t>(bytes);
+}
+
+GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const std::vector<std::uint8_t>& serialized)
+    : direction_(static_cast<Direction>(key.direction)), graph_(std::make_shared<Graph>()) {
+  try {
+    // No warm-up: it would capture a throw-away CUDA graph on the caller's device for every plan.
+    check_status(graph_->deserialize(handle, serialized, /*enforce_precompiled=*/false, /*run_warmup=*/false),
+                 "deserialize", key);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // the JSON parser throws on bytes that are not UBJSON
+    throw Error(detail::concat("cuDNN graph API: deserialize failed (", e.what(), ") for ", key),
+                CUDNN_STATUS_BAD_PARAM);
+  }
+  std::int64_t bytes = 0;
+  check_status(graph_->get_workspace_size(bytes), "get_workspace_size", key);
+  workspace_bytes_ = static_cast<std::uint64_t>(bytes);
+}
+
+std::vector<std::uint8_t> GraphPlan::serialize() const {
+  std::vector<std::uint8_t> bytes;
+  fe::error_t status;
+  try {
+    status = graph_->serialize(bytes, /*serialize_structure=*/false);
+  } catch (const std::exception& e) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+    throw Error(detail::concat("cuDNN graph API: serialize failed (", e.what(), ") for a ", to_string(direction_),
+                               " plan"));
+  }
+  CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: serialize failed (", status.get_message(), ") for a ",
+                      to_string(direction_), " plan");
+  return bytes;
 }
 
 void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const {

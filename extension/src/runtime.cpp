@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <shared_mutex>
 #include <thread>
@@ -125,7 +126,7 @@ std::uint64_t microseconds_since(std::chrono::steady_clock::time_point start) {
 // Note [Plan cache]
 // ~~~~~~~~~~~~~~~~~
 // Building an execution plan costs far more than running it, so the plan of each (device, key, engine
-// config) is built once and kept; so is cuDNN's refusal to build one, so a stored config this cuDNN does not
+// config) is made once (restored from a stored plan, Note [Stored plans], or built) and kept; so is cuDNN's refusal to build one, so a stored config this cuDNN does not
 // know costs one attempt per process, not one per call. The cache is shared by all threads (cuDNN plans may
 // run concurrently), so prepare() can fill it from other threads while training runs: a lookup takes a
 // shared lock, a build happens outside any lock, and the first result stored wins. Entries are never
@@ -138,31 +139,66 @@ class PlanCache {
     std::string refusal;                    // why it did
   };
 
-  // The entry of `config` for `key` on `device`, built on first use.
-  const Entry& get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config) {
+  // The entry of `config` for `key` on `device`, made on first use: from the plan `stored` holds for the key
+  // when it is one of this config and this cuDNN, else built (Note [Stored plans]). When `best` (the config
+  // leads its ranking) and cuDNN compiled it at run time, the plan built is serialized into `stored`.
+  const Entry& get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
+                   PlanStore& stored, bool best) {
     const Slot slot{device, key, config};
     {
       std::shared_lock lock(mutex_);
       if (const auto found = entries_.find(slot); found != entries_.end()) return found->second;
     }
+    Entry made = restore(handle, key, config, stored);
+    if (!made.plan) made = build(handle, key, config, stored, best);
+    std::unique_lock lock(mutex_);
+    return entries_.try_emplace(slot, std::move(made)).first->second;
+  }
+
+  std::atomic<std::uint64_t> plans_built{0}, build_us{0}, plans_deserialized{0}, plan_rebuilds{0};
+
+ private:
+  // The plan `stored` holds for this config, if this cuDNN can load it; a stored plan it cannot load is
+  // counted as a rebuild.
+  Entry restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
+                const PlanStore& stored) {
+    const std::shared_ptr<const StoredPlan> plan = stored.find(key);
+    if (!plan || !plan->config.same_choice(config)) return {};
+    if (plan->cudnn_version == static_cast<std::uint32_t>(cudnnGetVersion())) {
+      try {
+        Entry restored{std::make_shared<const GraphPlan>(handle, key, plan->bytes), {}};
+        ++plans_deserialized;
+        return restored;
+      } catch (const Error&) {
+        // cuDNN rejects the bytes: rebuilt below, like a plan of another cuDNN
+      }
+    }
+    ++plan_rebuilds;
+    return {};
+  }
+
+  Entry build(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config, PlanStore& stored,
+              bool best) {
     const auto started = std::chrono::steady_clock::now();
     Entry built;
     try {
       built.plan = std::make_shared<const GraphPlan>(handle, key, config);
     } catch (const Error& e) {
       built.refusal = e.what();
+      return built;
     }
-    if (built.plan) {
-      ++plans_built;
-      build_us += microseconds_since(started);
+    ++plans_built;
+    build_us += microseconds_since(started);
+    if (best && (config.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0) {
+      try {
+        stored.insert(key, {config, static_cast<std::uint32_t>(cudnnGetVersion()), built.plan->serialize()});
+      } catch (const Error&) {
+        // not serializable here: later processes rebuild it, as without a stored plan
+      }
     }
-    std::unique_lock lock(mutex_);
-    return entries_.try_emplace(slot, std::move(built)).first->second;
+    return built;
   }
 
-  std::atomic<std::uint64_t> plans_built{0}, build_us{0};
-
- private:
   struct Slot {
     int device;
     ConvolutionKey key;
@@ -286,12 +322,20 @@ void Runtime::set_backend(Backend backend) {
 }
 
 Stats Runtime::stats() const {
-  return {hits_.load(), misses_.load(), tunes_.load(), fallbacks_.load(), tune_us_.load(),
-          plans_->plans_built.load(), plans_->build_us.load()};
+  return {hits_.load(),
+          misses_.load(),
+          tunes_.load(),
+          fallbacks_.load(),
+          tune_us_.load(),
+          plans_->plans_built.load(),
+          plans_->build_us.load(),
+          plans_->plans_deserialized.load(),
+          plans_->plan_rebuilds.load()};
 }
 
 void Runtime::reset_stats() {
-  for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us}) {
+  for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
+                        &plans_->plans_deserialized, &plans_->plan_rebuilds}) {
     *counter = 0;
   }
 }
@@ -372,8 +416,9 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
              [&] { return search_graph<D>(handle, key, buffers, allocate); });
   std::string why_not = "heuristic miss policy";
   if (ranking) {
+    PlanStore& stored = caches_for_device(device).plans;
     for (const EngineCandidate& config : *ranking) {
-      const PlanCache::Entry& entry = plans_->get(handle, device, key, config);
+      const PlanCache::Entry& entry = plans_->get(handle, device, key, config, stored, &config == ranking->begin());
       if (!entry.plan) {
         why_not = entry.refusal;
         continue;
@@ -436,20 +481,40 @@ void Runtime::tune_direction(cudnnHandle_t handle, int device, const Convolution
 
 namespace {
 
-// A cuDNN handle of its own for a thread that works for CUDA device `device`.
-class ThreadHandle {
+// cuDNN handles for prepare's threads, one per thread at a time. They are made once and never destroyed:
+// the plans built with them live in the plan cache for the rest of the process.
+class HandlePool {
  public:
-  explicit ThreadHandle(int device) {
-    CUDNN_CACHE_REQUIRE(cudaSetDevice(device) == cudaSuccess, "cannot use CUDA device ", device);
-    CUDNN_CACHE_CHECK(cudnnCreate(&handle_));
+  static HandlePool& instance() {
+    static HandlePool* pool = new HandlePool;  // never destroyed, like the handles
+    return *pool;
   }
-  ~ThreadHandle() { cudnnDestroy(handle_); }
-  ThreadHandle(const ThreadHandle&) = delete;
-  ThreadHandle& operator=(const ThreadHandle&) = delete;
-  cudnnHandle_t get() const { return handle_; }
+
+  // A handle for CUDA device `device`, which becomes the calling thread's current device.
+  cudnnHandle_t take(int device) {
+    CUDNN_CACHE_REQUIRE(cudaSetDevice(device) == cudaSuccess, "cannot use CUDA device ", device);
+    {
+      std::lock_guard lock(mutex_);
+      auto& free = free_[device];
+      if (!free.empty()) {
+        const cudnnHandle_t handle = free.back();
+        free.pop_back();
+        return handle;
+      }
+    }
+    cudnnHandle_t handle = nullptr;
+    CUDNN_CACHE_CHECK(cudnnCreate(&handle));
+    return handle;
+  }
+
+  void give_back(int device, cudnnHandle_t handle) {
+    std::lock_guard lock(mutex_);
+    free_[device].push_back(handle);
+  }
 
  private:
-  cudnnHandle_t handle_ = nullptr;
+  std::mutex mutex_;
+  std::map<int, std::vector<cudnnHandle_t>> free_;
 };
 
 }  // namespace
@@ -473,16 +538,17 @@ PrepareReport Runtime::prepare(int device, int threads) {
   std::string failure;
   auto build = [&] {
     try {
-      const ThreadHandle handle(device);
+      const cudnnHandle_t handle = HandlePool::instance().take(device);
       for (std::size_t i; (i = next++) < work.size();) {
         const auto& [key, ranking] = work[i];
         for (const EngineCandidate& config : ranking) {
-          if (plans_->get(handle.get(), device, key, config).plan) {
+          if (plans_->get(handle, device, key, config, caches.plans, &config == &ranking.front()).plan) {
             ++ready;
             break;
           }
         }
       }
+      HandlePool::instance().give_back(device, handle);
     } catch (const Error& e) {
       std::lock_guard lock(failure_mutex);
       if (failure.empty()) failure = e.what();

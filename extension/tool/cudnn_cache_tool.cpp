@@ -74,11 +74,18 @@ std::string convolution_text(const ConvolutionDescriptorKey& c) {
   return out.str();
 }
 
+std::size_t stored_plans(const Checkpoint& checkpoint) {
+  std::size_t plans = 0;
+  for (const CheckpointSection& section : checkpoint.sections) plans += section.plans.size();
+  return plans;
+}
+
 int validate(const std::string& path) {
   const Checkpoint checkpoint = read_checkpoint(path);
   std::cout << path << ": valid, " << checkpoint.size() << " entries for " << checkpoint.sections.size()
             << " device/cuDNN origin(s); file format " << checkpoint.header.format_version << ", written with "
-            << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << '\n';
+            << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << "; "
+            << stored_plans(checkpoint) << " stored plans\n";
   return kOk;
 }
 
@@ -116,7 +123,8 @@ int inspect(const std::string& path) {
     std::cout << '\n';
   }
   std::cout << checkpoint.size() << " entries; file format " << checkpoint.header.format_version << ", written with "
-            << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << '\n';
+            << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << "; "
+            << stored_plans(checkpoint) << " stored plans\n";
   return kOk;
 }
 

@@ -97,6 +97,16 @@ inline std::string difference(const Checkpoint& a, const Checkpoint& b) {
       }
     });
     if (!out.str().empty()) return out.str();
+    if (x.plans.size() != y.plans.size()) {
+      out << x.origin << ": " << x.plans.size() << " vs " << y.plans.size() << " stored plans";
+      return out.str();
+    }
+    for (std::size_t i = 0; i < x.plans.size(); ++i) {
+      if (x.plans[i].first != y.plans[i].first || !(*x.plans[i].second == *y.plans[i].second)) {
+        out << x.origin << ": stored plan " << i << " differs";
+        return out.str();
+      }
+    }
   }
   return {};
 }

@@ -504,3 +504,92 @@ TEST_CASE("a file with a valid checksum but an invalid engine config is rejected
   CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
              Contains("'forged.bin' is corrupt") && Contains(reason));
 }
+
+namespace {
+
+// A stored plan of `size` bytes of a runtime-compiled config.
+StoredPlan stored_plan(std::size_t size, std::uint32_t cudnn_version = 91900) {
+  StoredPlan plan;
+  plan.config = engine(71, 0.25f, {{2, 16}, {13, 1}});
+  plan.config.behavior_notes = EngineCandidate::kRuntimeCompiled;
+  plan.cudnn_version = cudnn_version;
+  plan.bytes.resize(size);
+  for (std::size_t i = 0; i < size; ++i) plan.bytes[i] = static_cast<std::uint8_t>(i * 131 + 7);
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("stored plans round-trip next to the entries, and a load reports them", "[checkpoint][plans]") {
+  TemporaryFolder folder;
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  DirectionCaches& caches = store.caches(running_origin());
+  caches.plans.insert(conv_key(Direction::forward, 3, 5, Layout::nhwc, CUDNN_DATA_BFLOAT16), stored_plan(56718));
+  caches.plans.insert(conv_key(Direction::backward_data, 3, 5), stored_plan(1, 91901));
+  store.caches(other_cudnn_origin()).plans.insert(conv_key(Direction::backward_filter, 2, 2), stored_plan(300));
+  const std::string path = folder.path() + "/plans.cache";
+  save(store, path);
+  CacheStore loaded;
+  const LoadReport report = load(loaded, path, kRunning);
+  CHECK(report.header.format_version == kFormatVersion);
+  CHECK(report.plans == 3);
+  CHECK(difference(snapshot(store), snapshot(loaded)) == "");
+  const auto plan = loaded.caches(running_origin()).plans.find(conv_key(Direction::backward_data, 3, 5));
+  REQUIRE(plan != nullptr);
+  CHECK(plan->cudnn_version == 91901);
+  CHECK(plan->config.same_choice(stored_plan(1).config));
+}
+
+TEST_CASE("a version-2 file, which has no stored plans, still loads", "[checkpoint][plans]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  store.caches(running_origin()).graph_forward.insert(conv_key(Direction::forward),
+                                                      Ranking<GraphFwd>::of({engine(3, 1.0f)}));
+  Checkpoint checkpoint = snapshot(store);
+  checkpoint.header.format_version = 2;
+  const std::string bytes = serialize(checkpoint);
+  CHECK(get_u32(bytes, kVersionOffset) == 2);
+  const Checkpoint read = deserialize(bytes, "v2.bin");
+  CHECK(read.header.format_version == 2);
+  CHECK(difference(checkpoint, read) == "");
+}
+
+TEST_CASE("format 2 cannot be written with stored plans", "[checkpoint][plans]") {
+  CacheStore store;
+  store.caches(running_origin()).plans.insert(conv_key(Direction::forward), stored_plan(10));
+  Checkpoint checkpoint = snapshot(store);
+  REQUIRE(checkpoint.sections.size() == 1);  // a section with plans only is still written
+  checkpoint.header.format_version = 2;
+  CHECK_THAT(error_of([&] { serialize(checkpoint); }), Contains("cannot hold stored plans"));
+}
+
+TEST_CASE("a file with a valid checksum but an invalid stored plan is rejected", "[checkpoint][plans]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  Checkpoint checkpoint = snapshot(store);
+  auto& plans = checkpoint.sections[0].plans;
+  std::string reason;
+  SECTION("an empty plan") {
+    plans = {{conv_key(Direction::forward), std::make_shared<const StoredPlan>(stored_plan(0))}};
+    reason = "stored plan of 0 bytes";
+  }
+  SECTION("a plan larger than the limit") {
+    plans = {{conv_key(Direction::forward), std::make_shared<const StoredPlan>(stored_plan(kMaxStoredPlanBytes + 1))}};
+    reason = "stored plan of";
+  }
+  SECTION("plans out of order") {
+    plans = {{conv_key(Direction::forward, 2, 2), std::make_shared<const StoredPlan>(stored_plan(4))},
+             {conv_key(Direction::forward, 1, 1), std::make_shared<const StoredPlan>(stored_plan(4))}};
+    reason = "out of order";
+  }
+  SECTION("an invalid key") {
+    ConvolutionKey key = conv_key(Direction::forward);
+    key.input.nb_dims = 9;
+    plans = {{key, std::make_shared<const StoredPlan>(stored_plan(4))}};
+    reason = "stored plan 0";
+  }
+  CAPTURE(reason);
+  CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") && Contains(reason));
+}

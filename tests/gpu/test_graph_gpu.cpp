@@ -1,5 +1,6 @@
 // GPU tests of the graph-API backend: search times engine configs, a plan rebuilt from the best config alone
-// computes what the legacy API computes, and a config cuDNN does not know fails cleanly. Exits 77 (CTest's
+// computes what the legacy API computes, a config cuDNN does not know fails cleanly, the runtime's paths
+// (tune, hit, fallback, prepare, backends), and stored plans of runtime-compiled engines. Exits 77 (CTest's
 // skip, with the reason printed) where there is no GPU.
 
 #define CATCH_CONFIG_RUNNER
@@ -7,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <cstring>
@@ -324,6 +326,105 @@ TEST_CASE("a stored engine config cuDNN refuses falls back, is counted, and the 
   run_legacy(handle.handle, key, operands.buffers());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(relative_difference(result, operands.written->read()) <= problem.tolerance);
+}
+
+namespace {
+
+// A 5x5 depthwise convolution in bf16 channels-last, of a size MobileNet-like networks have: the kind cuDNN
+// compiles engines for at run time (../shared/context/MEASURED.md).
+Problem depthwise_problem(std::int32_t batch) {
+  return {"2-D NHWC bf16 depthwise 5x5",
+          key_of(CUDNN_DATA_BFLOAT16, Layout::nhwc, {batch, 240, 14, 14}, {240, 1, 5, 5}, {batch, 240, 14, 14},
+                 {2, 2}, {1, 1}, {1, 1}, 240, CUDNN_TENSOR_OP_MATH),
+          3e-2};
+}
+
+// A runtime-compiled engine config among those search_engine_configs times for the key.
+EngineCandidate runtime_compiled_config(cudnnHandle_t handle, const ConvolutionKey& key,
+                                        const ConvolutionBuffers& buffers) {
+  const std::vector<EngineCandidate> configs = search_engine_configs(handle, key, buffers, allocate);
+  for (const EngineCandidate& config : configs) {
+    if (config.behavior_notes & EngineCandidate::kRuntimeCompiled) return config;
+  }
+  FAIL("no runtime-compiled engine config among the " << configs.size() << " for " << key);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("a runtime-compiled plan serializes, restores without compiling, and computes the same",
+          "[gpu][graph][plans]") {
+  Handle handle;
+  const Problem problem = depthwise_problem(8);
+  std::mt19937 random(10);
+  Operands operands(problem.key, random);
+  const EngineCandidate config = runtime_compiled_config(handle.handle, problem.key, operands.buffers());
+
+  auto started = std::chrono::steady_clock::now();
+  const GraphPlan built(handle.handle, problem.key, config);
+  const double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  const std::vector<std::uint8_t> bytes = built.serialize();
+  REQUIRE(!bytes.empty());
+  started = std::chrono::steady_clock::now();
+  const GraphPlan restored(handle.handle, problem.key, bytes);
+  const double restore_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  WARN(to_string(config) << ": built in " << build_ms << " ms, " << bytes.size() << " bytes, restored in "
+                         << restore_ms << " ms");
+  CHECK(restored.workspace_bytes() == built.workspace_bytes());
+
+  auto workspace = built.workspace_bytes() > 0 ? allocate(built.workspace_bytes()) : nullptr;
+  built.execute(handle.handle, operands.buffers(), workspace ? workspace->data() : nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<double> expected = operands.written->read();
+  cudaMemset(operands.y.data, 0, operands.y.count * element_bytes(operands.y.type));
+  restored.execute(handle.handle, operands.buffers(), workspace ? workspace->data() : nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(relative_difference(operands.written->read(), expected) == 0.0);
+
+  std::vector<std::uint8_t> garbage(bytes.size(), 0x5a);
+  CHECK_THROWS_AS(GraphPlan(handle.handle, problem.key, garbage), Error);
+}
+
+TEST_CASE("the runtime restores stored plans, rebuilds those of another cuDNN or corrupt ones, and counts both",
+          "[gpu][graph][plans][runtime]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  runtime.set_miss_policy(MissPolicy::error);  // every call below must hit
+  DirectionCaches& caches = runtime.caches_for_device(0);
+  std::mt19937 random(11);
+  // One batch size per case: each key is new to the plan cache.
+  for (const char* kind : {"valid", "other cuDNN", "corrupt"}) {
+    const std::string name = kind;
+    const Problem problem = depthwise_problem(name == "valid" ? 2 : name == "corrupt" ? 3 : 4);
+    INFO(kind);
+    Operands operands(problem.key, random);
+    const EngineCandidate config = runtime_compiled_config(handle.handle, problem.key, operands.buffers());
+    StoredPlan stored{config, static_cast<std::uint32_t>(cudnnGetVersion()),
+                      GraphPlan(handle.handle, problem.key, config).serialize()};
+    if (name == "other cuDNN") stored.cudnn_version += 1;
+    if (name == "corrupt") stored.bytes.resize(stored.bytes.size() / 2);
+    caches.graph_forward.insert(problem.key, Ranking<GraphForwardTraits>::of({config}));
+    caches.plans.insert(problem.key, stored);
+
+    const Stats before = runtime.stats();
+    run_graph(runtime, handle.handle, problem.key, operands.buffers());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const Stats after = runtime.stats();
+    CHECK(after.fallbacks == before.fallbacks);
+    const bool valid = name == "valid";
+    CHECK(after.plans_deserialized == before.plans_deserialized + (valid ? 1 : 0));
+    CHECK(after.plan_rebuilds == before.plan_rebuilds + (valid ? 0 : 1));
+    CHECK(after.plans_built == before.plans_built + (valid ? 0 : 1));
+    if (!valid) {  // the rebuilt plan replaced the unusable one
+      CHECK(caches.plans.find(problem.key)->cudnn_version == static_cast<std::uint32_t>(cudnnGetVersion()));
+    }
+    const std::vector<double> result = operands.written->read();
+    run_legacy(handle.handle, problem.key, operands.buffers());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(relative_difference(result, operands.written->read()) <= problem.tolerance);
+  }
+  runtime.set_miss_policy(MissPolicy::tune);
 }
 
 int main(int argc, char** argv) {

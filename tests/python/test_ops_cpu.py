@@ -522,7 +522,7 @@ def test_query_without_a_gpu_says_so():
 def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
-                          "entries"}
+                          "plans_deserialized", "plan_rebuilds", "entries"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0
 
@@ -592,7 +592,7 @@ def test_load_save_round_trip(cache_state, synth_file, tool, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "valid, 50 entries" in result.stdout
     # The header's format version (little-endian u32 after the endianness byte and the 8-byte magic).
-    assert int.from_bytes(saved.read_bytes()[9:13], "little") == cudnn_cache.FORMAT_VERSION == 2
+    assert int.from_bytes(saved.read_bytes()[9:13], "little") == cudnn_cache.FORMAT_VERSION == 3
 
     cudnn_cache.clear()
     assert cudnn_cache.size() == 0

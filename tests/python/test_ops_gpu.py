@@ -209,7 +209,7 @@ def test_a_fresh_process_that_loaded_the_cache_tunes_nothing(child_env, tmp_path
 
 def test_error_policy_names_the_missing_key():
     cudnn_cache.set_miss_policy("error")
-    with pytest.raises(RuntimeError, match="no cached algorithm") as error:
+    with pytest.raises(RuntimeError, match="no cached engine config") as error:
         ops.convolution(randn(2, 4, 8, 8), randn(8, 4, 3, 3), None, [1], [1], [1], 1)
     assert "forward" in str(error.value) and "'error'" in str(error.value)
     assert cudnn_cache.stats()["misses"] == 1 and cudnn_cache.size() == 0

@@ -202,6 +202,8 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("tune_us", static_cast<std::int64_t>(s.tune_us));
   result.insert("plans_built", static_cast<std::int64_t>(s.plans_built));
   result.insert("plan_build_us", static_cast<std::int64_t>(s.plan_build_us));
+  result.insert("plans_deserialized", static_cast<std::int64_t>(s.plans_deserialized));
+  result.insert("plan_rebuilds", static_cast<std::int64_t>(s.plan_rebuilds));
   result.insert("entries", size());
   return result;
 }

@@ -11,10 +11,12 @@
 
 #include "cudnn_cache/device.h"
 #include "cudnn_cache/perf_cache.h"
+#include "cudnn_cache/plan_store.h"
 
 namespace cudnn_cache {
 
-// The perf caches of one origin: the legacy algorithms' and the graph API's engine configs, per direction.
+// The perf caches of one origin: the legacy algorithms' and the graph API's engine configs, per direction;
+// and the serialized plans of runtime-compiled engine configs (Note [Stored plans]).
 struct DirectionCaches {
   PerfCache<ForwardTraits> forward;
   PerfCache<BackwardDataTraits> backward_data;
@@ -22,6 +24,7 @@ struct DirectionCaches {
   PerfCache<GraphForwardTraits> graph_forward;
   PerfCache<GraphBackwardDataTraits> graph_backward_data;
   PerfCache<GraphBackwardFilterTraits> graph_backward_filter;
+  PlanStore plans;
 
   // The cache of the backend and direction Traits describes.
   template <typename Traits>
@@ -34,7 +37,7 @@ struct DirectionCaches {
     return const_cast<DirectionCaches*>(this)->get<Traits>();
   }
 
-  // Entries in all six caches.
+  // Entries in all six caches (stored plans belong to entries and are not counted).
   std::size_t size() const {
     return forward.size() + backward_data.size() + backward_filter.size() + graph_forward.size() +
            graph_backward_data.size() + graph_backward_filter.size();
@@ -46,6 +49,7 @@ struct DirectionCaches {
     graph_forward.clear();
     graph_backward_data.clear();
     graph_backward_filter.clear();
+    plans.clear();
   }
 };
 

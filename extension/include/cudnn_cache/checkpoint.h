@@ -16,8 +16,8 @@
 namespace cudnn_cache {
 
 // The format this build writes; it reads every version from 1 up to this one. Version 2 added the graph API's
-// engine configs; a version-1 file simply has none.
-inline constexpr std::uint32_t kFormatVersion = 2;
+// engine configs, version 3 stored plans (Note [Stored plans]); older files simply have none.
+inline constexpr std::uint32_t kFormatVersion = 3;
 
 // The first bytes of every cache file after cereal's endianness byte.
 inline constexpr std::array<char, 8> kMagic = {'C', 'D', 'N', 'N', 'C', 'A', 'C', 'H'};
@@ -38,6 +38,7 @@ struct CheckpointSection {
   std::vector<PerfCache<GraphForwardTraits>::Entry> graph_forward;
   std::vector<PerfCache<GraphBackwardDataTraits>::Entry> graph_backward_data;
   std::vector<PerfCache<GraphBackwardFilterTraits>::Entry> graph_backward_filter;
+  std::vector<PlanStore::Entry> plans;  // sorted by key
 
   template <typename Traits>
   std::vector<typename PerfCache<Traits>::Entry>& entries() {
@@ -68,6 +69,7 @@ struct LoadReport {
   CheckpointHeader header;            // the versions the file was written with
   std::size_t entries = 0;            // entries in the file, all merged into the store
   std::size_t other_cudnn_entries = 0;  // of those, measured with another cuDNN major.minor: kept, never used
+  std::size_t plans = 0;              // stored plans in the file, all merged into the store
 };
 
 // A copy of every entry of the store, stamped with this process's cuDNN and CUDA runtime versions.
@@ -77,7 +79,7 @@ Checkpoint snapshot(const CacheStore& store);
 void merge_into(CacheStore& store, const Checkpoint& checkpoint);
 
 // The file's bytes for a checkpoint, in the format version its header names (kFormatVersion from snapshot).
-// Throws Error if that version cannot hold its content (graph-API entries need version 2).
+// Throws Error if that version cannot hold its content (graph-API entries need version 2, stored plans 3).
 std::string serialize(const Checkpoint& checkpoint);
 
 // Parses and checks a file's bytes. `source` names them in errors. Throws Error saying what is wrong: wrong

@@ -12,7 +12,9 @@
 // which is why rankings live under an Origin. Candidates come from heuristics mode A and the fallback list
 // (they overlap, so each plan name is timed once), after the filters PyTorch applies too: no down-converting
 // inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
-// engines only when asked. Each candidate is timed the way training runs it: its workspace allocated first,
+// engines only when asked. The first `max_candidates` that build, in heuristic order, are timed: building a
+// plan costs milliseconds (and 50-200 ms for an engine cuDNN compiles at run time), so building all of them
+// made tuning slower than PyTorch's benchmark mode, which stops at cudnn.benchmark_limit (10) as well. Each candidate is timed the way training runs it: its workspace allocated first,
 // `warmup` untimed runs, then the median of `repetitions` runs timed with CUDA events on the handle's stream.
 // PyTorch's benchmark mode times one run per candidate, so a single lucky or unlucky sample decides.
 //
@@ -38,6 +40,7 @@ namespace cudnn_cache {
 struct GraphSearchOptions {
   int warmup = 3;
   int repetitions = 7;
+  int max_candidates = 10;  // configs built and timed, in cuDNN's heuristic order
   bool deterministic = false;
 };
 
@@ -54,6 +57,14 @@ class GraphPlan {
   // Builds the plan without heuristics. Throws Error (status CUDNN_STATUS_NOT_SUPPORTED when cuDNN refuses
   // the config, e.g. one stored by another cuDNN release).
   GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config);
+
+  // Restores a plan serialize() wrote, without building anything (Note [Stored plans]). Throws Error if cuDNN
+  // rejects the bytes (another cuDNN or GPU, or bytes that are not a plan).
+  GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const std::vector<std::uint8_t>& serialized);
+
+  // The plan as bytes, for GraphPlan(handle, key, serialized) in another process. Throws Error if cuDNN cannot
+  // serialize it.
+  std::vector<std::uint8_t> serialize() const;
 
   std::uint64_t workspace_bytes() const { return workspace_bytes_; }
 

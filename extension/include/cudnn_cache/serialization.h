@@ -19,6 +19,7 @@
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/key.h"
 #include "cudnn_cache/perf_cache.h"
+#include "cudnn_cache/plan_store.h"
 
 namespace cudnn_cache {
 
@@ -186,8 +187,26 @@ void load(Archive& archive, Ranking<Traits>& ranking, std::uint32_t const /*vers
   }
 }
 
+template <class Archive>
+void save(Archive& archive, const StoredPlan& plan, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("config", plan.config), CEREAL_NVP_("cudnn_version", plan.cudnn_version),
+          cereal::make_size_tag(static_cast<cereal::size_type>(plan.bytes.size())),
+          cereal::binary_data(plan.bytes.data(), plan.bytes.size()));
+}
+
+template <class Archive>
+void load(Archive& archive, StoredPlan& plan, std::uint32_t const /*version*/) {
+  cereal::size_type size = 0;
+  archive(CEREAL_NVP_("config", plan.config), CEREAL_NVP_("cudnn_version", plan.cudnn_version),
+          cereal::make_size_tag(size));
+  if (size == 0 || size > kMaxStoredPlanBytes) detail::throw_invalid("stored plan of ", size, " bytes");
+  plan.bytes.resize(size);
+  archive(cereal::binary_data(plan.bytes.data(), plan.bytes.size()));
+}
+
 }  // namespace cudnn_cache
 
+CEREAL_CLASS_VERSION(cudnn_cache::StoredPlan, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::TensorKey, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::FilterKey, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::ConvolutionDescriptorKey, 1)

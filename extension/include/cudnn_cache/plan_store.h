@@ -1,0 +1,83 @@
+#pragma once
+
+// Serialized execution plans, kept next to the rankings for engines cuDNN compiles at run time.
+//
+// Note [Stored plans]
+// ~~~~~~~~~~~~~~~~~~~
+// Rebuilding a plan from its engine config costs a few milliseconds, except for engines cuDNN compiles at run
+// time (BehaviorNote_t::RUNTIME_COMPILATION, common for depthwise convolutions in bf16/fp16): their build runs
+// NVRTC, 50-200 ms each, and a network of them pays seconds in every new process (docs/PERFORMANCE.md). For
+// those, the plan cuDNN built is serialized (cudnn-frontend's Graph::serialize, which carries the compiled
+// kernel) and saved with the entry. A stored plan only loads in the cuDNN that wrote it on the same kind of
+// GPU: it is filed under its origin like the rankings, and carries the exact cuDNN version
+// (cudnnGetVersion), since plans of 9.19.0 need not load in 9.19.1. Anywhere else, or if cuDNN rejects the
+// bytes, the plan is rebuilt from the engine config and the rebuild is counted (Stats::plan_rebuilds).
+// The file's checksum rejects corrupt bytes before they get here.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <utility>
+#include <vector>
+
+#include "cudnn_cache/key.h"
+#include "cudnn_cache/perf_cache.h"
+
+namespace cudnn_cache {
+
+// The largest serialized plan a file may hold; real ones are tens of kilobytes.
+inline constexpr std::size_t kMaxStoredPlanBytes = std::size_t{16} << 20;
+
+// One engine config's serialized execution plan for one key.
+struct StoredPlan {
+  EngineCandidate config;          // the config the plan is of (its engine and knobs; the rest is not used)
+  std::uint32_t cudnn_version = 0;  // cudnnGetVersion() of the process that built it
+  std::vector<std::uint8_t> bytes;  // cudnn-frontend's serialization
+
+  friend bool operator==(const StoredPlan& a, const StoredPlan& b) {
+    return a.config.same_choice(b.config) && a.cudnn_version == b.cudnn_version && a.bytes == b.bytes;
+  }
+};
+
+// The stored plans of one origin, at most one per key. Safe to use from many threads at once.
+class PlanStore {
+ public:
+  using Entry = std::pair<ConvolutionKey, std::shared_ptr<const StoredPlan>>;
+
+  // Stores the plan for the key, replacing the one there.
+  void insert(const ConvolutionKey& key, StoredPlan plan) {
+    auto stored = std::make_shared<const StoredPlan>(std::move(plan));
+    std::unique_lock lock(mutex_);
+    plans_[key] = std::move(stored);
+  }
+
+  // The plan stored for the key, or null.
+  std::shared_ptr<const StoredPlan> find(const ConvolutionKey& key) const {
+    std::shared_lock lock(mutex_);
+    const auto found = plans_.find(key);
+    return found == plans_.end() ? nullptr : found->second;
+  }
+
+  // Every stored plan, sorted by key.
+  std::vector<Entry> entries() const {
+    std::shared_lock lock(mutex_);
+    return {plans_.begin(), plans_.end()};
+  }
+
+  std::size_t size() const {
+    std::shared_lock lock(mutex_);
+    return plans_.size();
+  }
+
+  void clear() {
+    std::unique_lock lock(mutex_);
+    plans_.clear();
+  }
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::map<ConvolutionKey, std::shared_ptr<const StoredPlan>> plans_;
+};
+
+}  // namespace cudnn_cache
