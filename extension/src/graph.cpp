@@ -189,7 +189,8 @@ bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(poin
 
 std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
-                                                const GraphSearchOptions& options) {
+                                                const GraphSearchOptions& options,
+                                                std::shared_ptr<const GraphPlan>* best_plan) {
   CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
                       "cuDNN graph API: buffers must be 16-byte aligned for ", key);
   auto graph = operation_graph(handle, key);
@@ -204,6 +205,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   auto pack = variant_pack(buffers);
   std::set<std::string> timed;  // heuristics A and the fallback list overlap: time each plan name once
   std::vector<EngineCandidate> configs;
+  std::vector<std::int64_t> indices;  // of configs[i]'s plan in the graph
   const std::int64_t count = graph->get_execution_plan_count();
   for (std::int64_t index = 0; index < count && static_cast<int>(configs.size()) < options.max_candidates; ++index) {
     std::string name;
@@ -229,11 +231,24 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
     std::unique_ptr<Workspace> workspace;
     if (workspace_bytes > 0 && !(workspace = allocate(config.workspace_bytes))) continue;  // out of memory
     config.time_ms = time_plan(*graph, handle, pack, workspace ? workspace->data() : nullptr, index, options);
-    if (config.time_ms >= 0.0f) configs.push_back(config);
+    if (config.time_ms >= 0.0f) {
+      configs.push_back(config);
+      indices.push_back(index);
+    }
   }
   CUDNN_CACHE_REQUIRE(!configs.empty(), "cuDNN graph API: no engine config runs ", key);
-  std::sort(configs.begin(), configs.end(), ranks_before<GraphForwardTraits>);
-  return configs;
+  std::vector<std::size_t> order(configs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return ranks_before<GraphForwardTraits>(configs[a], configs[b]); });
+  std::vector<EngineCandidate> ranked;
+  for (std::size_t i : order) ranked.push_back(configs[i]);
+  // Building a built plan again only selects it, for execute() and serialize().
+  if (best_plan && graph->build_plan_at_index(indices[order.front()]).is_good()) {
+    *best_plan = std::shared_ptr<const GraphPlan>(
+        new GraphPlan(static_cast<Direction>(key.direction), std::move(graph), ranked.front().workspace_bytes));
+  }
+  return ranked;
 }
 
 GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config)

@@ -155,9 +155,28 @@ class PlanCache {
     return entries_.try_emplace(slot, std::move(made)).first->second;
   }
 
+  // Keeps `plan`, which a search built for `config`, as if get() had built it (and stores it, as get() would).
+  void adopt(int device, const ConvolutionKey& key, const EngineCandidate& config,
+             std::shared_ptr<const GraphPlan> plan, PlanStore& stored) {
+    keep_serialized(key, config, *plan, stored);
+    std::unique_lock lock(mutex_);
+    entries_.try_emplace(Slot{device, key, config}, Entry{std::move(plan), {}});
+  }
+
   std::atomic<std::uint64_t> plans_built{0}, build_us{0}, plans_deserialized{0}, plan_rebuilds{0};
 
  private:
+  // Serializes the plan into `stored` when cuDNN compiled its engine at run time (Note [Stored plans]).
+  static void keep_serialized(const ConvolutionKey& key, const EngineCandidate& config, const GraphPlan& plan,
+                              PlanStore& stored) {
+    if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) == 0) return;
+    try {
+      stored.insert(key, {config, static_cast<std::uint32_t>(cudnnGetVersion()), plan.serialize()});
+    } catch (const Error&) {
+      // not serializable here: later processes rebuild it, as without a stored plan
+    }
+  }
+
   // The plan `stored` holds for this config, if this cuDNN can load it; a stored plan it cannot load is
   // counted as a rebuild.
   Entry restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
@@ -189,13 +208,7 @@ class PlanCache {
     }
     ++plans_built;
     build_us += microseconds_since(started);
-    if (best && (config.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0) {
-      try {
-        stored.insert(key, {config, static_cast<std::uint32_t>(cudnnGetVersion()), built.plan->serialize()});
-      } catch (const Error&) {
-        // not serializable here: later processes rebuild it, as without a stored plan
-      }
-    }
+    if (best) keep_serialized(key, config, *built.plan, stored);
     return built;
   }
 
@@ -224,10 +237,14 @@ class PlanCache {
 
 namespace {
 
+// Times the key's engine configs, and keeps the plan the search built for the best one.
 template <Direction D>
-Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, const ConvolutionKey& key,
-                                     const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
-  const std::vector<EngineCandidate> configs = search_engine_configs(handle, key, buffers, allocate);
+Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                     const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                                     PlanCache& plans, PlanStore& stored) {
+  std::shared_ptr<const GraphPlan> best_plan;
+  const std::vector<EngineCandidate> configs = search_engine_configs(handle, key, buffers, allocate, {}, &best_plan);
+  if (best_plan) plans.adopt(device, key, configs.front(), std::move(best_plan), stored);
   return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
 }
 
@@ -410,13 +427,14 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
                         const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate, bool deterministic) {
   using Legacy = LegacyTraits<D>;
   if (deterministic) return run<Legacy>(handle, device, key, buffers, allocate, true);
-  PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
+  DirectionCaches& caches = caches_for_device(device);
+  PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const std::optional<Ranking<GraphTraits<D>>> ranking =
       lookup(cache, key, miss_policy(), {hits_, misses_, tunes_, tune_us_}, "engine config",
-             [&] { return search_graph<D>(handle, key, buffers, allocate); });
+             [&] { return search_graph<D>(handle, device, key, buffers, allocate, *plans_, caches.plans); });
   std::string why_not = "heuristic miss policy";
   if (ranking) {
-    PlanStore& stored = caches_for_device(device).plans;
+    PlanStore& stored = caches.plans;
     for (const EngineCandidate& config : *ranking) {
       const PlanCache::Entry& entry = plans_->get(handle, device, key, config, stored, &config == ranking->begin());
       if (!entry.plan) {
@@ -454,9 +472,10 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
 template <Direction D>
 Ranking<GraphTraits<D>> Runtime::tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                                             const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
-  PerfCache<GraphTraits<D>>& cache = caches_for_device(device).get<GraphTraits<D>>();
+  DirectionCaches& caches = caches_for_device(device);
+  PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const Ranking<GraphTraits<D>> ranking = timed_search({hits_, misses_, tunes_, tune_us_}, [&] {
-    return search_graph<D>(handle, key, buffers, allocate);
+    return search_graph<D>(handle, device, key, buffers, allocate, *plans_, caches.plans);
   });
   cache.insert(key, ranking);
   return ranking;

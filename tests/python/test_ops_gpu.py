@@ -243,7 +243,7 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
     if backend == "graph":
         assert best["engine_id"] >= 0 and best["engine"].startswith(f"engine {best['engine_id']}")
         assert len(best["knobs"]) % 2 == 0 and isinstance(best["runtime_compiled"], bool)
-        assert cudnn_cache.stats()["plans_built"] >= 1
+        assert cudnn_cache.stats()["plans_built"] == 0  # the run used the plan its search built
     else:
         assert isinstance(best["algorithm"], str) and best["algorithm"]
         assert best["status"] == "CUDNN_STATUS_SUCCESS"
@@ -286,10 +286,12 @@ def test_prepare_builds_every_loaded_plan_so_calls_build_none(tmp_path):
     cudnn_cache.save(path)
     cudnn_cache.clear()
     assert cudnn_cache.load(path) == 9
+    # fill kept the plans its searches built for the best configs: prepare finds every one ready. (A fresh
+    # process builds them: test_a_fresh_process_prepares_the_loaded_plans_before_its_first_call.)
     cudnn_cache.reset_stats()
     assert cudnn_cache.prepare(threads=2) == 9
-    assert cudnn_cache.stats()["plans_built"] == 9 and cudnn_cache.stats()["plan_build_us"] > 0
-    preparation = cudnn_cache.prepare(background=True)  # finds every plan ready: builds none
+    assert cudnn_cache.stats()["plans_built"] == 0
+    preparation = cudnn_cache.prepare(background=True)
     assert preparation.wait() == 9 and preparation.wait() == 9  # the count is kept
     cudnn_cache.set_miss_policy("error")
     for input_size, weight_size in shapes:
@@ -297,7 +299,7 @@ def test_prepare_builds_every_loaded_plan_so_calls_build_none(tmp_path):
         w = randn(*weight_size).requires_grad_()
         ops.convolution(x, w, None, *args).sum().backward()
     stats = cudnn_cache.stats()
-    assert stats["hits"] == 9 and stats["misses"] == 0 and stats["plans_built"] == 9, stats
+    assert stats["hits"] == 9 and stats["misses"] == 0 and stats["plans_built"] == 0, stats
 
 
 PREPARE_SCRIPT = r"""

@@ -47,9 +47,13 @@ struct GraphSearchOptions {
 // Times every engine config cuDNN offers for the key on the buffers and returns them ranked (Note
 // [Selection, merge and fallback policy]). The direction's output buffer is overwritten. Throws Error if cuDNN
 // cannot express the problem as a graph or no config runs.
+// With `best_plan`, also hands back the plan the search built for the best config, so it need not be built
+// again (for an engine cuDNN compiles at run time, that is a second compilation).
+class GraphPlan;
 std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
-                                                const GraphSearchOptions& options = {});
+                                                const GraphSearchOptions& options = {},
+                                                std::shared_ptr<const GraphPlan>* best_plan = nullptr);
 
 // The execution plan of one engine config for one key.
 class GraphPlan {
@@ -73,6 +77,12 @@ class GraphPlan {
   void execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const;
 
  private:
+  friend std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t, const ConvolutionKey&,
+                                                         const ConvolutionBuffers&, const WorkspaceAllocator&,
+                                                         const GraphSearchOptions&, std::shared_ptr<const GraphPlan>*);
+  GraphPlan(Direction direction, std::shared_ptr<cudnn_frontend::graph::Graph> graph, std::uint64_t workspace_bytes)
+      : direction_(direction), graph_(std::move(graph)), workspace_bytes_(workspace_bytes) {}
+
   Direction direction_;
   std::shared_ptr<cudnn_frontend::graph::Graph> graph_;
   std::uint64_t workspace_bytes_ = 0;
