@@ -12,14 +12,19 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Keeps what backward needs of the integer arguments.
+// Keeps what backward needs of the integer arguments, as one list (one saved_data entry, not five: this runs
+// on every training call): the spatial rank n, then n strides, n paddings, n dilations, groups and has_bias.
 void save_params(AutogradContext* ctx, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                  std::int64_t groups, bool has_bias) {
-  ctx->saved_data["stride"] = stride.vec();
-  ctx->saved_data["padding"] = padding.vec();
-  ctx->saved_data["dilation"] = dilation.vec();
-  ctx->saved_data["groups"] = groups;
-  ctx->saved_data["has_bias"] = has_bias;
+  std::vector<std::int64_t> packed;
+  packed.reserve(3 + 3 * stride.size());
+  packed.push_back(static_cast<std::int64_t>(stride.size()));
+  packed.insert(packed.end(), stride.begin(), stride.end());
+  packed.insert(packed.end(), padding.begin(), padding.end());
+  packed.insert(packed.end(), dilation.begin(), dilation.end());
+  packed.push_back(groups);
+  packed.push_back(has_bias);
+  ctx->saved_data["params"] = std::move(packed);
 }
 
 struct SavedParams {
@@ -27,13 +32,24 @@ struct SavedParams {
   std::int64_t groups;
   bool has_bias;
 
-  explicit SavedParams(AutogradContext* ctx)
-      : stride(ctx->saved_data["stride"].toIntVector()),
-        padding(ctx->saved_data["padding"].toIntVector()),
-        dilation(ctx->saved_data["dilation"].toIntVector()),
-        groups(ctx->saved_data["groups"].toInt()),
-        has_bias(ctx->saved_data["has_bias"].toBool()) {}
+  explicit SavedParams(AutogradContext* ctx) {
+    const std::vector<std::int64_t> packed = ctx->saved_data["params"].toIntVector();
+    const auto n = static_cast<std::ptrdiff_t>(packed[0]);
+    const auto begin = packed.begin() + 1;
+    stride.assign(begin, begin + n);
+    padding.assign(begin + n, begin + 2 * n);
+    dilation.assign(begin + 2 * n, begin + 3 * n);
+    groups = packed[1 + 3 * n];
+    has_bias = packed[2 + 3 * n] != 0;
+  }
 };
+
+// Whether the call records a graph for backward. Without one (inference, torch.no_grad) the autograd
+// Function is skipped: it would make a node and save tensors no one uses, on every call.
+bool records_gradient(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return at::GradMode::is_enabled() &&
+         (input.requires_grad() || weight.requires_grad() || (bias && bias->defined() && bias->requires_grad()));
+}
 
 // What both backward passes start from: the saved tensors and arguments, and grad_output in the forward's
 // layout, so cuDNN sees one layout in every direction and the three keys agree on it.
@@ -96,6 +112,13 @@ class ConvolutionTranspose : public torch::autograd::Function<ConvolutionTranspo
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->save_for_backward({input, weight});
     save_params(ctx, stride, padding, dilation, groups, bias && bias->defined());
+    return call_transpose(input, weight, bias, stride, padding, output_padding, dilation, groups);
+  }
+
+  static at::Tensor call_transpose(const at::Tensor& input, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                   at::IntArrayRef padding, at::IntArrayRef output_padding, at::IntArrayRef dilation,
+                                   std::int64_t groups) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("cudnn_cache::convolution_transpose", "")
                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
@@ -124,6 +147,10 @@ class ConvolutionTranspose : public torch::autograd::Function<ConvolutionTranspo
 at::Tensor convolution_autograd(const at::Tensor& input, const at::Tensor& weight,
                                 const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
                                 at::IntArrayRef dilation, std::int64_t groups) {
+  if (!records_gradient(input, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_convolution(input, weight, bias, stride, padding, dilation, groups);
+  }
   return Convolution::apply(input, weight, bias, stride, padding, dilation, groups);
 }
 
@@ -131,6 +158,10 @@ at::Tensor convolution_transpose_autograd(const at::Tensor& input, const at::Ten
                                           const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                           at::IntArrayRef padding, at::IntArrayRef output_padding,
                                           at::IntArrayRef dilation, std::int64_t groups) {
+  if (!records_gradient(input, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ConvolutionTranspose::call_transpose(input, weight, bias, stride, padding, output_padding, dilation, groups);
+  }
   return ConvolutionTranspose::apply(input, weight, bias, stride, padding, output_padding, dilation, groups);
 }
 
