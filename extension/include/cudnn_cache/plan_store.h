@@ -4,15 +4,21 @@
 //
 // Note [Stored plans]
 // ~~~~~~~~~~~~~~~~~~~
-// Rebuilding a plan from its engine config costs a few milliseconds, except for engines cuDNN compiles at run
-// time (BehaviorNote_t::RUNTIME_COMPILATION, common for depthwise convolutions in bf16/fp16): their build runs
-// NVRTC, 50-200 ms each, and a network of them pays seconds in every new process (docs/PERFORMANCE.md). For
-// those, the plan cuDNN built is serialized (cudnn-frontend's Graph::serialize, which carries the compiled
-// kernel) and saved with the entry. A stored plan only loads in the cuDNN that wrote it on the same kind of
-// GPU: it is filed under its origin like the rankings, and carries the exact cuDNN version
-// (cudnnGetVersion), since plans of 9.19.0 need not load in 9.19.1. Anywhere else, or if cuDNN rejects the
-// bytes, the plan is rebuilt from the engine config and the rebuild is counted (Stats::plan_rebuilds).
-// The file's checksum rejects corrupt bytes before they get here.
+// Where a warm process's first step goes (H200, cuDNN 9.19; docs/PERFORMANCE.md has the figures): loading the
+// file takes milliseconds; rebuilding a plan from its engine config takes ~10 ms for a precompiled engine,
+// and parallelises over prepare()'s threads; the first launch of every kernel (lazy module loading) costs a
+// few hundred milliseconds once, as it does natively. The exception is engines cuDNN compiles at run time
+// (BehaviorNote_t::RUNTIME_COMPILATION, the usual winners for depthwise convolutions in bf16/fp16): each build
+// runs NVRTC for 170-250 ms, concurrent builds do not overlap, and MobileNetV2 pays 7 s for them in every
+// new process, with or without PyTorch's benchmark mode.
+//
+// So for those engines the plan cuDNN built is serialized (cudnn-frontend's Graph::serialize, which carries
+// the compiled kernel: ~100 KB) and saved with the entry; restoring it takes ~12 ms. A stored plan only loads
+// in the cuDNN that wrote it on the same kind of GPU: it is filed under its origin like the rankings, and
+// carries the exact cuDNN version (cudnnGetVersion), since plans of 9.19.0 need not load in 9.19.1. Anywhere
+// else, or if cuDNN rejects the bytes, the plan is rebuilt from the engine config, the rebuild is counted
+// (Stats::plan_rebuilds), and the rebuilt plan replaces the stored one. The file's checksum rejects corrupt
+// bytes before they get here.
 
 #include <cstdint>
 #include <map>
