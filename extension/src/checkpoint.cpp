@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "cudnn_cache/atomic_file.h"
 #include "cudnn_cache/error.h"
@@ -84,26 +85,43 @@ void write_entries(cereal::PortableBinaryOutputArchive& archive, const Checkpoin
   for (const auto& [key, ranking] : entries) archive(key, ranking);
 }
 
+// Appends entry i of a cache after checking it belongs there: its direction, a valid key, and key order.
+template <typename Traits>
+void append_entry(CheckpointSection& section, typename PerfCache<Traits>::Entry entry, std::size_t i) {
+  auto& entries = section.entries<Traits>();
+  const char* direction = to_string(Traits::direction);
+  if (entry.first.direction != static_cast<std::int32_t>(Traits::direction)) {
+    detail::throw_invalid(direction, " entry ", i, " has a key of another direction");
+  }
+  if (const std::string problem = check_key(entry.first); !problem.empty()) {
+    detail::throw_invalid(direction, " entry ", i, ": ", problem);
+  }
+  if (!entries.empty() && !(entries.back().first < entry.first)) {
+    detail::throw_invalid(direction, " entry ", i, " is out of order or repeated");
+  }
+  entries.push_back(std::move(entry));
+}
+
+// Appends stored plan i after checking its key and key order.
+void append_plan(CheckpointSection& section, const ConvolutionKey& key, StoredPlan plan, std::size_t i) {
+  if (const std::string problem = check_key(key); !problem.empty()) {
+    detail::throw_invalid("stored plan ", i, ": ", problem);
+  }
+  if (!section.plans.empty() && !(section.plans.back().first < key)) {
+    detail::throw_invalid("stored plan ", i, " is out of order or repeated");
+  }
+  section.plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
+}
+
 // Counts are not trusted: entries are appended as they parse, so a wrong count ends at the end of the bytes.
 template <typename Traits>
 void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section) {
   cereal::size_type count = 0;
   archive(cereal::make_size_tag(count));
-  auto& entries = section.entries<Traits>();
   for (cereal::size_type i = 0; i < count; ++i) {
     typename PerfCache<Traits>::Entry entry;
     archive(entry.first, entry.second);
-    const char* direction = to_string(Traits::direction);
-    if (entry.first.direction != static_cast<std::int32_t>(Traits::direction)) {
-      detail::throw_invalid(direction, " entry ", i, " has a key of another direction");
-    }
-    if (const std::string problem = check_key(entry.first); !problem.empty()) {
-      detail::throw_invalid(direction, " entry ", i, ": ", problem);
-    }
-    if (!entries.empty() && !(entries.back().first < entry.first)) {
-      detail::throw_invalid(direction, " entry ", i, " is out of order or repeated");
-    }
-    entries.push_back(std::move(entry));
+    append_entry<Traits>(section, std::move(entry), i);
   }
 }
 
@@ -123,14 +141,25 @@ void read_plans(cereal::PortableBinaryInputArchive& archive, CheckpointSection& 
     ConvolutionKey key;
     StoredPlan plan;
     archive(key, plan);
-    if (const std::string problem = check_key(key); !problem.empty()) {
-      detail::throw_invalid("stored plan ", i, ": ", problem);
-    }
-    if (!section.plans.empty() && !(section.plans.back().first < key)) {
-      detail::throw_invalid("stored plan ", i, " is out of order or repeated");
-    }
-    section.plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
+    append_plan(section, key, std::move(plan), i);
   }
+}
+
+// The name of a cache in JSON: "legacy_forward", "graph_backward_filter", ...
+template <typename Traits>
+std::string json_name() {
+  return std::string(std::is_same_v<typename Traits::Candidate, EngineCandidate> ? "graph_" : "legacy_") +
+         to_string(Traits::direction);
+}
+
+// Calls f() inside a JSON array named `name`, one element each time `element` runs.
+template <typename Archive, typename F>
+void json_array(Archive& archive, const std::string& name, F&& f) {
+  archive.setNextName(name.c_str());
+  archive.startNode();
+  if constexpr (std::is_same_v<Archive, cereal::JSONOutputArchive>) archive.makeArray();
+  f();
+  archive.finishNode();
 }
 
 std::string serialize_payload(const Checkpoint& checkpoint) {
@@ -296,6 +325,99 @@ Checkpoint deserialize(const std::string& bytes, const std::string& source) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) { return deserialize(read_file(path), path); }
+
+std::string to_json(const Checkpoint& checkpoint) {
+  std::ostringstream text;
+  {
+    cereal::JSONOutputArchive archive(text);
+    archive(cereal::make_nvp("format_version", checkpoint.header.format_version),
+            cereal::make_nvp("cudnn_version", checkpoint.header.cudnn_version),
+            cereal::make_nvp("cuda_runtime_version", checkpoint.header.cuda_runtime_version));
+    json_array(archive, "sections", [&] {
+      for (const CheckpointSection& section : checkpoint.sections) {
+        archive.startNode();
+        archive(cereal::make_nvp("origin", section.origin));
+        for_each_cache([&](auto traits) {
+          using Traits = decltype(traits);
+          json_array(archive, json_name<Traits>(), [&] {
+            for (const auto& [key, ranking] : section.entries<Traits>()) {
+              archive.startNode();
+              archive(cereal::make_nvp("key", key), cereal::make_nvp("ranking", ranking));
+              archive.finishNode();
+            }
+          });
+        });
+        json_array(archive, "stored_plans", [&] {
+          for (const auto& [key, plan] : section.plans) {
+            archive.startNode();
+            archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", *plan));
+            archive.finishNode();
+          }
+        });
+        archive.finishNode();
+      }
+    });
+  }
+  return std::move(text).str() + '\n';
+}
+
+Checkpoint from_json(const std::string& text, const std::string& source) {
+  Checkpoint checkpoint;
+  try {
+    MemoryStream stream(text.data(), text.size());
+    cereal::JSONInputArchive archive(stream);
+    archive(cereal::make_nvp("format_version", checkpoint.header.format_version),
+            cereal::make_nvp("cudnn_version", checkpoint.header.cudnn_version),
+            cereal::make_nvp("cuda_runtime_version", checkpoint.header.cuda_runtime_version));
+    const std::uint32_t version = checkpoint.header.format_version;
+    if (version == 0 || version > kFormatVersion) {
+      detail::throw_invalid("format_version ", version, " (this build reads 1 to ", kFormatVersion, ")");
+    }
+    json_array(archive, "sections", [&] {
+      cereal::size_type sections = 0;
+      archive.loadSize(sections);
+      for (cereal::size_type i = 0; i < sections; ++i) {
+        CheckpointSection section;
+        archive.startNode();
+        archive(cereal::make_nvp("origin", section.origin));
+        if (!checkpoint.sections.empty() && !(checkpoint.sections.back().origin < section.origin)) {
+          detail::throw_invalid("section ", i, " is out of order or repeated");
+        }
+        for_each_cache([&](auto traits) {
+          using Traits = decltype(traits);
+          json_array(archive, json_name<Traits>(), [&] {
+            cereal::size_type count = 0;
+            archive.loadSize(count);
+            for (cereal::size_type j = 0; j < count; ++j) {
+              typename PerfCache<Traits>::Entry entry;
+              archive.startNode();
+              archive(cereal::make_nvp("key", entry.first), cereal::make_nvp("ranking", entry.second));
+              archive.finishNode();
+              append_entry<Traits>(section, std::move(entry), j);
+            }
+          });
+        });
+        json_array(archive, "stored_plans", [&] {
+          cereal::size_type count = 0;
+          archive.loadSize(count);
+          for (cereal::size_type j = 0; j < count; ++j) {
+            ConvolutionKey key;
+            StoredPlan plan;
+            archive.startNode();
+            archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", plan));
+            archive.finishNode();
+            append_plan(section, key, std::move(plan), j);
+          }
+        });
+        archive.finishNode();
+        checkpoint.sections.push_back(std::move(section));
+      }
+    });
+  } catch (const std::exception& e) {  // cereal::Exception, and RapidJSON's parse errors
+    throw_file_error(source, "is not a valid cudnn_cache JSON export: ", e.what());
+  }
+  return checkpoint;
+}
 
 void save(const CacheStore& store, const std::string& path) { write_file_atomically(path, serialize(snapshot(store))); }
 

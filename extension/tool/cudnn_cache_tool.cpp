@@ -2,14 +2,13 @@
 
 #include <cstdlib>
 #include <exception>
-#include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/error.h"
+#include "cudnn_cache/report.h"
 #include "cudnn_cache/synthetic.h"
 
 namespace {
@@ -35,96 +34,13 @@ int usage_error(const std::string& message) {
   return kUsage;
 }
 
-std::string version_text(std::uint32_t cudnn_version, std::uint32_t cuda_version) {
-  std::ostringstream out;
-  out << "cuDNN " << CudnnVersion::from_number(cudnn_version) << ", CUDA runtime " << cuda_version / 1000 << '.'
-      << (cuda_version % 1000) / 10;
-  return out.str();
-}
-
-std::string sizes_text(const std::array<std::int32_t, kMaxTensorDims>& dims, int count) {
-  std::string text;
-  for (int i = 0; i < count; ++i) text += (i ? "x" : "") + std::to_string(dims[i]);
-  return text;
-}
-
-std::string bytes_text(std::uint64_t bytes) {
-  std::ostringstream out;
-  if (bytes < 1024) {
-    out << bytes << " B";
-  } else if (bytes < (1u << 20)) {
-    out << std::fixed << std::setprecision(1) << bytes / 1024.0 << " KiB";
-  } else {
-    out << std::fixed << std::setprecision(1) << bytes / double(1u << 20) << " MiB";
-  }
-  return out.str();
-}
-
-std::string convolution_text(const ConvolutionDescriptorKey& c) {
-  std::ostringstream out;
-  auto list = [&](const char* name, const std::array<std::int32_t, kMaxSpatialDims>& values) {
-    out << name;
-    for (int i = 0; i < c.nb_spatial_dims; ++i) out << (i ? "," : "") << values[i];
-    out << ' ';
-  };
-  list("p", c.padding);
-  list("s", c.stride);
-  list("d", c.dilation);
-  out << 'g' << c.groups;
-  return out.str();
-}
-
-std::size_t stored_plans(const Checkpoint& checkpoint) {
-  std::size_t plans = 0;
-  for (const CheckpointSection& section : checkpoint.sections) plans += section.plans.size();
-  return plans;
-}
-
 int validate(const std::string& path) {
-  const Checkpoint checkpoint = read_checkpoint(path);
-  std::cout << path << ": valid, " << checkpoint.size() << " entries for " << checkpoint.sections.size()
-            << " device/cuDNN origin(s); file format " << checkpoint.header.format_version << ", written with "
-            << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << "; "
-            << stored_plans(checkpoint) << " stored plans\n";
+  std::cout << path << ": valid, " << summary(read_checkpoint(path)) << '\n';
   return kOk;
 }
 
 int inspect(const std::string& path) {
-  const Checkpoint checkpoint = read_checkpoint(path);
-  std::vector<std::vector<std::string>> rows = {{"direction", "input", "weight", "output", "convolution", "dtype",
-                                                 "layout", "api", "best", "time_ms", "workspace", "device"}};
-  for (const CheckpointSection& section : checkpoint.sections) {
-    std::ostringstream origin;
-    origin << section.origin;
-    for_each_cache([&](auto traits) {
-      using Traits = decltype(traits);
-      const char* api = std::is_same_v<typename Traits::Candidate, EngineCandidate> ? "graph" : "legacy";
-      for (const auto& [key, ranking] : section.entries<Traits>()) {
-        const auto& best = ranking.front();
-        std::ostringstream time;
-        time << std::fixed << std::setprecision(4) << best.time_ms;
-        rows.push_back({to_string(Traits::direction), sizes_text(key.input.dims, key.input.nb_dims),
-                        sizes_text(key.weight.dims, key.weight.nb_dims),
-                        sizes_text(key.output.dims, key.output.nb_dims), convolution_text(key.convolution),
-                        data_type_name(key.input.data_type), layout_name(key.input), api,
-                        best.succeeded() ? Traits::describe(best) : "(none succeeded)",
-                        best.succeeded() ? time.str() : "-", bytes_text(best.workspace_bytes), origin.str()});
-      }
-    });
-  }
-  std::vector<std::size_t> widths(rows[0].size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    for (std::size_t i = 0; i < row.size(); ++i) {
-      std::cout << (i ? "  " : "") << std::left << std::setw(i + 1 < row.size() ? int(widths[i]) : 0) << row[i];
-    }
-    std::cout << '\n';
-  }
-  std::cout << checkpoint.size() << " entries; file format " << checkpoint.header.format_version << ", written with "
-            << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << "; "
-            << stored_plans(checkpoint) << " stored plans\n";
+  std::cout << entry_table(read_checkpoint(path));
   return kOk;
 }
 

@@ -86,6 +86,13 @@ std::string serialize(const Checkpoint& checkpoint);
 // magic, newer format, truncated, checksum mismatch, or an invalid entry.
 Checkpoint deserialize(const std::string& bytes, const std::string& source);
 
+// The checkpoint as JSON text (cereal's JSON archive): the header's versions, then per origin its six caches
+// and its stored plans (their bytes in base64). For reading, diffing and editing by hand.
+std::string to_json(const Checkpoint& checkpoint);
+
+// Parses what to_json wrote, with the checks deserialize makes. `source` names the text in errors.
+Checkpoint from_json(const std::string& text, const std::string& source);
+
 // Reads and checks a cache file without touching any store.
 Checkpoint read_checkpoint(const std::string& path);
 

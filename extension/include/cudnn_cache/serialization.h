@@ -7,10 +7,12 @@
 // make them allocate without bound or build an invalid value: they throw cereal::Exception, which the
 // checkpoint code rethrows as Error naming the file.
 
+#include <cereal/archives/json.hpp>
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/cereal.hpp>
 #include <cereal/types/array.hpp>
 #include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
 
 #include <cmath>
 #include <string>
@@ -57,13 +59,18 @@ void serialize(Archive& archive, ConvolutionDescriptorKey& key, std::uint32_t co
           CEREAL_NVP_("math_type", key.math_type));
 }
 
+// Whether Archive is the cache file's (binary) archive rather than a text one (JSON export).
+template <class Archive>
+inline constexpr bool is_binary_archive =
+    cereal::traits::is_same_archive<Archive, cereal::PortableBinaryOutputArchive>::value ||
+    cereal::traits::is_same_archive<Archive, cereal::PortableBinaryInputArchive>::value;
+
 // In binary archives a key is its std::int32_t words in declaration order, as one block: every field is an
 // int32 (Note [Keys are values]), and reading 10k keys field by field through cereal took twice as long.
 // Text archives get the fields by name.
 template <class Archive>
 void serialize(Archive& archive, ConvolutionKey& key, std::uint32_t const /*version*/) {
-  if constexpr (cereal::traits::is_same_archive<Archive, cereal::PortableBinaryOutputArchive>::value ||
-                cereal::traits::is_same_archive<Archive, cereal::PortableBinaryInputArchive>::value) {
+  if constexpr (is_binary_archive<Archive>) {
     archive(cereal::binary_data(reinterpret_cast<std::int32_t*>(&key), sizeof key));
   } else {
     archive(CEREAL_NVP_("direction", key.direction), CEREAL_NVP_("input", key.input),
@@ -136,13 +143,22 @@ void load(Archive& archive, Candidate<Traits>& candidate, std::uint32_t const /*
   candidate.math_type = static_cast<cudnnMathType_t>(math_type);
 }
 
+// Knobs follow their count; text archives get them as a list of [type, value] pairs.
 template <class Archive>
 void save(Archive& archive, const EngineCandidate& candidate, std::uint32_t const /*version*/) {
   archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
           CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes),
           CEREAL_NVP_("behavior_notes", candidate.behavior_notes), CEREAL_NVP_("knob_count", candidate.knob_count));
-  for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
-    archive(CEREAL_NVP_("type", knob->type), CEREAL_NVP_("value", knob->value));
+  if constexpr (is_binary_archive<Archive>) {
+    for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
+      archive(CEREAL_NVP_("type", knob->type), CEREAL_NVP_("value", knob->value));
+    }
+  } else {
+    std::vector<std::array<std::int64_t, 2>> knobs;
+    for (const Knob* knob = candidate.knobs_begin(); knob != candidate.knobs_end(); ++knob) {
+      knobs.push_back({knob->type, knob->value});
+    }
+    archive(CEREAL_NVP_("knobs", knobs));
   }
 }
 
@@ -158,50 +174,95 @@ void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const /*ve
   if (candidate.knob_count < 0 || candidate.knob_count > static_cast<std::int32_t>(kMaxKnobs)) {
     detail::throw_invalid(candidate.knob_count, " knobs");
   }
+  std::vector<std::array<std::int64_t, 2>> knobs;
+  if constexpr (!is_binary_archive<Archive>) {
+    archive(CEREAL_NVP_("knobs", knobs));
+    if (knobs.size() != static_cast<std::size_t>(candidate.knob_count)) {
+      detail::throw_invalid(knobs.size(), " knobs where knob_count is ", candidate.knob_count);
+    }
+  }
   for (std::int32_t i = 0; i < candidate.knob_count; ++i) {
     Knob& knob = candidate.knobs[i];
-    archive(CEREAL_NVP_("type", knob.type), CEREAL_NVP_("value", knob.value));
+    if constexpr (is_binary_archive<Archive>) {
+      archive(CEREAL_NVP_("type", knob.type), CEREAL_NVP_("value", knob.value));
+    } else {
+      knob = {knobs[i][0], knobs[i][1]};
+    }
     if (knob.type <= 0 || (i > 0 && candidate.knobs[i - 1].type >= knob.type)) {
       detail::throw_invalid("knob types are not positive, sorted and distinct");
     }
   }
 }
 
+// A count, then the candidates; text archives get a list named "candidates" (a versioned class's JSON node
+// is an object, which cannot also be the list).
 template <class Archive, typename Traits>
 void save(Archive& archive, const Ranking<Traits>& ranking, std::uint32_t const /*version*/) {
-  archive(cereal::make_size_tag(static_cast<cereal::size_type>(ranking.size())));
-  for (const auto& candidate : ranking) archive(candidate);
+  if constexpr (is_binary_archive<Archive>) {
+    archive(cereal::make_size_tag(static_cast<cereal::size_type>(ranking.size())));
+    for (const auto& candidate : ranking) archive(candidate);
+  } else {
+    archive(CEREAL_NVP_("candidates", std::vector<typename Traits::Candidate>(ranking.begin(), ranking.end())));
+  }
 }
 
 // A loaded ranking must be exactly what Ranking::of would make of its candidates: ranked, without duplicates.
 template <class Archive, typename Traits>
 void load(Archive& archive, Ranking<Traits>& ranking, std::uint32_t const /*version*/) {
-  cereal::size_type size = 0;
-  archive(cereal::make_size_tag(size));
-  if (size < 1 || size > kMaxCandidates) detail::throw_invalid("ranking of ", size, " candidates");
   std::array<typename Traits::Candidate, kMaxCandidates> candidates{};
-  for (cereal::size_type i = 0; i < size; ++i) archive(candidates[i]);
+  std::size_t size = 0;
+  if constexpr (is_binary_archive<Archive>) {
+    cereal::size_type tagged = 0;
+    archive(cereal::make_size_tag(tagged));
+    if (tagged < 1 || tagged > kMaxCandidates) detail::throw_invalid("ranking of ", tagged, " candidates");
+    size = tagged;
+    for (std::size_t i = 0; i < size; ++i) archive(candidates[i]);
+  } else {
+    std::vector<typename Traits::Candidate> listed;
+    archive(CEREAL_NVP_("candidates", listed));
+    if (listed.empty() || listed.size() > kMaxCandidates) {
+      detail::throw_invalid("ranking of ", listed.size(), " candidates");
+    }
+    size = listed.size();
+    std::copy(listed.begin(), listed.end(), candidates.begin());
+  }
   ranking = Ranking<Traits>::of(candidates.begin(), candidates.begin() + size);
   if (ranking.size() != size || !std::equal(ranking.begin(), ranking.end(), candidates.begin())) {
     detail::throw_invalid("ranking is not in rank order or repeats a candidate");
   }
 }
 
+// The plan's bytes follow their count; in JSON they are base64 text.
 template <class Archive>
 void save(Archive& archive, const StoredPlan& plan, std::uint32_t const /*version*/) {
-  archive(CEREAL_NVP_("config", plan.config), CEREAL_NVP_("cudnn_version", plan.cudnn_version),
-          cereal::make_size_tag(static_cast<cereal::size_type>(plan.bytes.size())),
-          cereal::binary_data(plan.bytes.data(), plan.bytes.size()));
+  archive(CEREAL_NVP_("config", plan.config), CEREAL_NVP_("cudnn_version", plan.cudnn_version));
+  if constexpr (is_binary_archive<Archive>) {
+    archive(cereal::make_size_tag(static_cast<cereal::size_type>(plan.bytes.size())),
+            cereal::binary_data(plan.bytes.data(), plan.bytes.size()));
+  } else {
+    archive(cereal::make_nvp("size", static_cast<std::uint64_t>(plan.bytes.size())));
+    archive.saveBinaryValue(plan.bytes.data(), plan.bytes.size(), "bytes");
+  }
 }
 
 template <class Archive>
 void load(Archive& archive, StoredPlan& plan, std::uint32_t const /*version*/) {
-  cereal::size_type size = 0;
-  archive(CEREAL_NVP_("config", plan.config), CEREAL_NVP_("cudnn_version", plan.cudnn_version),
-          cereal::make_size_tag(size));
+  archive(CEREAL_NVP_("config", plan.config), CEREAL_NVP_("cudnn_version", plan.cudnn_version));
+  std::uint64_t size = 0;
+  if constexpr (is_binary_archive<Archive>) {
+    cereal::size_type tagged = 0;
+    archive(cereal::make_size_tag(tagged));
+    size = tagged;
+  } else {
+    archive(cereal::make_nvp("size", size));
+  }
   if (size == 0 || size > kMaxStoredPlanBytes) detail::throw_invalid("stored plan of ", size, " bytes");
   plan.bytes.resize(size);
-  archive(cereal::binary_data(plan.bytes.data(), plan.bytes.size()));
+  if constexpr (is_binary_archive<Archive>) {
+    archive(cereal::binary_data(plan.bytes.data(), plan.bytes.size()));
+  } else {
+    archive.loadBinaryValue(plan.bytes.data(), plan.bytes.size(), "bytes");
+  }
 }
 
 }  // namespace cudnn_cache

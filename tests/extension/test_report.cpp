@@ -1,0 +1,143 @@
+// Cache files as people read them (report.h) and as JSON (to_json / from_json in checkpoint.h): summaries and
+// tables, diffs, merges with their conflicts, and JSON round trips with the loader's checks.
+
+#include <catch2/catch.hpp>
+
+#include "cache_fixtures.h"
+#include "cudnn_cache/checkpoint.h"
+#include "cudnn_cache/report.h"
+#include "cudnn_cache/synthetic.h"
+
+using namespace cudnn_cache;
+using Catch::Matchers::Contains;
+using cudnn_cache::testing::candidate;
+using cudnn_cache::testing::conv_key;
+using cudnn_cache::testing::difference;
+using cudnn_cache::testing::error_of;
+
+namespace {
+
+EngineCandidate engine(std::int64_t id, float time_ms, std::initializer_list<Knob> knobs = {}) {
+  EngineCandidate config;
+  config.engine_id = id;
+  config.time_ms = time_ms;
+  for (const Knob& knob : knobs) config.knobs[config.knob_count++] = knob;
+  return config;
+}
+
+// Every kind of content: synthetic entries of both APIs, a legacy and a graph entry by hand, a stored plan.
+Checkpoint sample() {
+  CacheStore store;
+  add_synthetic_entries(store, synthetic_origin(), 40, 3);
+  DirectionCaches& caches = store.caches(synthetic_origin());
+  caches.forward.insert(conv_key(Direction::forward, 5), Ranking<ForwardTraits>::of({candidate<ForwardTraits>(1, 0.5f)}));
+  caches.graph_forward.insert(conv_key(Direction::forward, 5),
+                              Ranking<GraphForwardTraits>::of({engine(9, 0.25f, {{2, 16}, {13, 1}})}));
+  StoredPlan plan;
+  plan.config = engine(9, 0.25f, {{2, 16}, {13, 1}});
+  plan.cudnn_version = 91900;
+  plan.bytes = {0, 1, 2, 250, 251, 255, 7};
+  caches.plans.insert(conv_key(Direction::forward, 5), plan);
+  return snapshot(store);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips through JSON, stored plans included", "[report][json]") {
+  const Checkpoint original = sample();
+  const std::string json = to_json(original);
+  CHECK_THAT(json, Contains("\"graph_forward\"") && Contains("\"stored_plans\"") && Contains("\"knobs\""));
+  const Checkpoint read = from_json(json, "export.json");
+  CHECK(read.header.format_version == original.header.format_version);
+  CHECK(difference(original, read) == "");
+  CHECK(to_json(read) == json);
+}
+
+TEST_CASE("JSON that is not a valid export is rejected, naming the source and the reason", "[report][json]") {
+  const std::string json = to_json(sample());
+  std::string text, reason;
+  SECTION("not JSON") {
+    text = "{ \"format_version\": 3, ";
+    reason = "not a valid cudnn_cache JSON export";
+  }
+  SECTION("a newer format") {
+    text = json;
+    text.replace(text.find("\"format_version\": 3"), 19, "\"format_version\": 9");
+    reason = "format_version 9";
+  }
+  SECTION("a knob list that does not match its count") {
+    text = json;
+    text.replace(text.find("\"knob_count\": 2"), 15, "\"knob_count\": 1");
+    reason = "knobs where knob_count is 1";
+  }
+  SECTION("a negative time") {
+    text = json;
+    text.replace(text.find("\"time_ms\": 0.25"), 15, "\"time_ms\": -0.25");
+    reason = "time -0.25";
+  }
+  CAPTURE(reason);
+  CHECK_THAT(error_of([&] { from_json(text, "edited.json"); }), Contains("'edited.json'") && Contains(reason));
+}
+
+TEST_CASE("diff tells entries of one side, entries of both with another best, and the same ones", "[report]") {
+  const Checkpoint a = sample();
+  CHECK(diff(a, a).identical());
+  CHECK(diff(a, a).same == a.size());
+
+  CacheStore changed;
+  merge_into(changed, a);
+  DirectionCaches& caches = changed.caches(synthetic_origin());
+  caches.graph_forward.insert(conv_key(Direction::forward, 5),
+                              Ranking<GraphForwardTraits>::of({engine(4, 0.125f)}));  // a new best
+  caches.backward_filter.insert(conv_key(Direction::backward_filter, 7),
+                                Ranking<BackwardFilterTraits>::of({candidate<BackwardFilterTraits>(2, 1.0f)}));
+  const CheckpointDiff result = diff(a, snapshot(changed));
+  REQUIRE(result.different_best.size() == 1);
+  CHECK(result.different_best[0].cache == "graph forward");
+  CHECK_THAT(result.different_best[0].first, Contains("engine 9"));
+  CHECK_THAT(result.different_best[0].second, Contains("engine 4"));
+  REQUIRE(result.only_second.size() == 1);
+  CHECK(result.only_second[0].cache == "legacy backward_filter");
+  CHECK(result.only_first.empty());
+  CHECK(result.same == a.size() - 1);
+  CHECK_THAT(to_string(result.different_best[0]), Contains("graph forward on") && Contains(" | "));
+
+  const CheckpointDiff reverse = diff(snapshot(changed), a);
+  CHECK(reverse.only_first.size() == 1);
+  CHECK(reverse.only_second.empty());
+}
+
+TEST_CASE("merge keeps the faster best and reports keys whose best differ", "[report]") {
+  const ConvolutionKey key = conv_key(Direction::forward, 2);
+  auto checkpoint_with = [&](const EngineCandidate& best, int batch_of_other) {
+    CacheStore store;
+    DirectionCaches& caches = store.caches(synthetic_origin());
+    caches.graph_forward.insert(key, Ranking<GraphForwardTraits>::of({best}));
+    caches.forward.insert(conv_key(Direction::forward, batch_of_other),
+                          Ranking<ForwardTraits>::of({candidate<ForwardTraits>(0, 1.0f)}));
+    return snapshot(store);
+  };
+  const Checkpoint slow = checkpoint_with(engine(3, 2.0f), 10);
+  const Checkpoint fast = checkpoint_with(engine(8, 1.0f), 11);
+  for (const bool fast_first : {false, true}) {
+    const MergeResult result = fast_first ? merge({fast, slow}) : merge({slow, fast});
+    REQUIRE(result.conflicts.size() == 1);
+    CHECK(result.conflicts[0].key == key);
+    CHECK(result.merged.size() == 3);
+    const auto& merged = result.merged.sections.at(0).graph_forward;
+    REQUIRE(merged.size() == 1);
+    CHECK(merged[0].second.front().engine_id == 8);  // the faster one, whichever came first
+    CHECK(merged[0].second.size() == 2);             // and the other as runner-up
+  }
+  CHECK(merge({slow, slow}).conflicts.empty());
+}
+
+TEST_CASE("summary, entry table and statistics say what a file holds", "[report]") {
+  const Checkpoint checkpoint = sample();
+  CHECK_THAT(summary(checkpoint), Contains(std::to_string(checkpoint.size()) + " entries for 1 device/cuDNN origin") &&
+                                      Contains("1 stored plans"));
+  const std::string table = entry_table(checkpoint);
+  CHECK_THAT(table, Contains("direction") && Contains("graph") && Contains("legacy") && Contains("engine 9"));
+  CHECK(std::count(table.begin(), table.end(), '\n') == static_cast<long>(checkpoint.size()) + 2);
+  CHECK_THAT(statistics(checkpoint), Contains("graph forward") && Contains("stored plans 1 (7 B)"));
+}
