@@ -41,6 +41,15 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_backend() -> str");
   m.def("prepare(int? device=None, int threads=0, bool background=False) -> int");
   m.def("prepare_wait() -> int");
+
+  // Cache files, without this process's cache (python -m cudnn_cache).
+  m.def("file_summary(str path) -> str");
+  m.def("file_table(str path) -> str");
+  m.def("file_statistics(str path) -> str");
+  m.def("file_diff(str first, str second) -> (str[] only_first, str[] only_second, str[] different_best, int same)");
+  m.def("file_merge(str[] inputs, str output) -> str[]");
+  m.def("file_export_json(str path) -> str");
+  m.def("file_import_json(str json_path, str output) -> ()");
 }
 
 namespace cudnn_cache::torch_ops {

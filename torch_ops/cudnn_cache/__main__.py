@@ -1,0 +1,149 @@
+"""python -m cudnn_cache: work with cache files the way you work with any other artefact.
+
+    python -m cudnn_cache inspect FILE              a table of every entry
+    python -m cudnn_cache validate FILE [FILE...]   check files; prints a summary of each
+    python -m cudnn_cache stats FILE                entries per GPU/cuDNN origin and cache, stored plans
+    python -m cudnn_cache diff A B                  entries only in A, only in B, and with another best
+    python -m cudnn_cache merge A B [...] -o OUT    one file of all; per candidate the faster measurement wins
+    python -m cudnn_cache export FILE --json [-o OUT]   the file as JSON (stdout without -o)
+    python -m cudnn_cache import JSON -o FILE       a cache file from a JSON export
+
+Files are written atomically (temp file, fsync, rename); none of these commands touches a process's cache.
+An export can be edited and imported again; the import makes the loader's checks (valid keys, ranked
+candidates, known enum values). cereal writes each class's "cereal_class_version" once, in its first object:
+leave it where it is.
+
+Exit codes: 0 success (diff: the files hold the same entries and bests); 1 diff found differences; 2 usage
+error; 3 a file is missing, unreadable, corrupt or not a cache file (the reason is on stderr).
+"""
+
+import argparse
+import sys
+from typing import List, Optional
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE = 0, 1, 2, 3
+
+
+def _ops():
+    import torch
+
+    import cudnn_cache  # noqa: F401  (registers the ops)
+
+    return torch.ops.cudnn_cache
+
+
+def _inspect(args) -> int:
+    print(_ops().file_table(args.file), end="")
+    return EXIT_OK
+
+
+def _validate(args) -> int:
+    status = EXIT_OK
+    for path in args.files:
+        try:
+            print(f"{path}: valid, {_ops().file_summary(path)}")
+        except RuntimeError as error:
+            print(f"{path}: invalid: {_reason(error)}", file=sys.stderr)
+            status = EXIT_BAD_FILE
+    return status
+
+
+def _stats(args) -> int:
+    print(_ops().file_statistics(args.file), end="")
+    return EXIT_OK
+
+
+def _diff(args) -> int:
+    only_first, only_second, different, same = _ops().file_diff(args.first, args.second)
+    for marker, lines in (("<", only_first), (">", only_second), ("!", different)):
+        for line in lines:
+            print(f"{marker} {line}")
+    print(f"{len(only_first)} only in {args.first}, {len(only_second)} only in {args.second}, "
+          f"{len(different)} with another best, {same} the same")
+    return EXIT_DIFFERENT if only_first or only_second or different else EXIT_OK
+
+
+def _merge(args) -> int:
+    conflicts = _ops().file_merge(args.inputs, args.output)
+    for line in conflicts:
+        print(f"conflict: {line}")
+    print(f"{args.output}: wrote {_ops().file_summary(args.output)}; {len(conflicts)} conflicts (the faster "
+          "best was kept, the other as runner-up)")
+    return EXIT_OK
+
+
+def _export(args) -> int:
+    text = _ops().file_export_json(args.file)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w") as output:
+            output.write(text)
+    return EXIT_OK
+
+
+def _import(args) -> int:
+    _ops().file_import_json(args.json, args.output)
+    print(f"{args.output}: wrote {_ops().file_summary(args.output)}")
+    return EXIT_OK
+
+
+def _reason(error: RuntimeError) -> str:
+    """The first line of a RuntimeError from the ops, without the C++ frames PyTorch may append."""
+    return str(error).splitlines()[0]
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="python -m cudnn_cache", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    command = commands.add_parser("inspect", help="a table of every entry")
+    command.add_argument("file")
+    command.set_defaults(run=_inspect)
+
+    command = commands.add_parser("validate", help="check files; a summary of each")
+    command.add_argument("files", nargs="+", metavar="file")
+    command.set_defaults(run=_validate)
+
+    command = commands.add_parser("stats", help="entries per origin and cache, and stored plans")
+    command.add_argument("file")
+    command.set_defaults(run=_stats)
+
+    command = commands.add_parser("diff", help="entries only in one file, and entries with another best")
+    command.add_argument("first")
+    command.add_argument("second")
+    command.set_defaults(run=_diff)
+
+    command = commands.add_parser("merge", help="merge files into one; conflicts are reported")
+    command.add_argument("inputs", nargs="+", metavar="input")
+    command.add_argument("-o", "--output", required=True)
+    command.set_defaults(run=_merge)
+
+    command = commands.add_parser("export", help="a cache file as JSON")
+    command.add_argument("file")
+    command.add_argument("--json", action="store_true", required=True, help="the format (the only one)")
+    command.add_argument("-o", "--output", help="the JSON file (default: stdout)")
+    command.set_defaults(run=_export)
+
+    command = commands.add_parser("import", help="a cache file from a JSON export")
+    command.add_argument("json")
+    command.add_argument("-o", "--output", required=True)
+    command.set_defaults(run=_import)
+    return main
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)  # exits with 2 on a usage error
+    try:
+        return args.run(args)
+    except RuntimeError as error:
+        print(f"python -m cudnn_cache {args.command}: {_reason(error)}", file=sys.stderr)
+        return EXIT_BAD_FILE
+    except OSError as error:
+        print(f"python -m cudnn_cache {args.command}: {error}", file=sys.stderr)
+        return EXIT_BAD_FILE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
