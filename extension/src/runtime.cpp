@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -134,6 +135,8 @@ std::uint64_t microseconds_since(std::chrono::steady_clock::time_point start) {
 // touch it, and references to entries stay valid.
 class PlanCache {
  public:
+  explicit PlanCache(Runtime& runtime) : runtime_(runtime) {}
+
   struct Entry {
     std::shared_ptr<const GraphPlan> plan;  // null when cuDNN refused the config
     std::string refusal;                    // why it did
@@ -187,10 +190,13 @@ class PlanCache {
       try {
         Entry restored{std::make_shared<const GraphPlan>(handle, key, plan->bytes), {}};
         ++plans_deserialized;
+        debug("plan restored: ", to_string(config), " for ", key);
         return restored;
-      } catch (const Error&) {
-        // cuDNN rejects the bytes: rebuilt below, like a plan of another cuDNN
+      } catch (const Error& e) {
+        debug("stored plan rejected (", e.what(), "): rebuilding ", to_string(config), " for ", key);
       }
+    } else {
+      debug("stored plan is of cuDNN ", plan->cudnn_version, ": rebuilding ", to_string(config), " for ", key);
     }
     ++plan_rebuilds;
     return {};
@@ -204,13 +210,23 @@ class PlanCache {
       built.plan = std::make_shared<const GraphPlan>(handle, key, config);
     } catch (const Error& e) {
       built.refusal = e.what();
+      debug("plan refused: ", to_string(config), " for ", key, ": ", e.what());
       return built;
     }
     ++plans_built;
-    build_us += microseconds_since(started);
+    const std::uint64_t us = microseconds_since(started);
+    build_us += us;
+    debug("plan built in ", us / 1000.0, " ms: ", to_string(config), " for ", key);
     if (best) keep_serialized(key, config, *built.plan, stored);
     return built;
   }
+
+  template <typename... Args>
+  void debug(const Args&... args) {
+    if (runtime_.logs(LogLevel::debug)) runtime_.log(LogLevel::debug, detail::concat(args...));
+  }
+
+  Runtime& runtime_;
 
   struct Slot {
     int device;
@@ -248,8 +264,9 @@ Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, int device, const Con
   return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
 }
 
-// Counters a lookup updates.
+// Counters a lookup updates, and the runtime it logs to.
 struct Counters {
+  Runtime& runtime;
   std::atomic<std::uint64_t>& hits;
   std::atomic<std::uint64_t>& misses;
   std::atomic<std::uint64_t>& tunes;
@@ -266,17 +283,33 @@ auto timed_search(Counters counters, Search&& search) {
   return ranking;
 }
 
+// Logs a search's result at debug level.
+template <typename Traits>
+void log_tune(Runtime& runtime, const ConvolutionKey& key, const Ranking<Traits>& ranking, const char* kind) {
+  if (!runtime.logs(LogLevel::debug)) return;
+  runtime.log(LogLevel::debug, detail::concat("tuned: ", ranking.size(), " ", kind, "s ranked for ", key, "; best ",
+                                              Traits::describe(ranking.front()), " at ", ranking.front().time_ms,
+                                              " ms"));
+}
+
 // The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
 // (tune), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
 template <typename Traits, typename Search>
 std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const ConvolutionKey& key, MissPolicy policy,
                                       Counters counters, const char* kind, Search&& search) {
+  Runtime& runtime = counters.runtime;
   std::optional<Ranking<Traits>> ranking = cache.find(key);
   if (ranking) {
     ++counters.hits;
+    if (runtime.logs(LogLevel::debug)) {
+      runtime.log(LogLevel::debug, detail::concat("hit: ", kind, " ", Traits::describe(ranking->front()), " for ", key));
+    }
     return ranking;
   }
   ++counters.misses;
+  if (runtime.logs(LogLevel::debug)) {
+    runtime.log(LogLevel::debug, detail::concat("miss (policy '", to_string(policy), "'): no ", kind, " for ", key));
+  }
   if (policy == MissPolicy::error) {
     throw Error(detail::concat("cudnn_cache: no cached ", kind, " for ", key,
                                " and the miss policy is 'error'. Run scripts/warm_start.py for this model and input "
@@ -284,6 +317,7 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
   }
   if (policy == MissPolicy::tune) {
     ranking = timed_search(counters, search);
+    log_tune(runtime, key, *ranking, kind);
     cache.insert(key, *ranking);
   }
   return ranking;
@@ -323,9 +357,48 @@ Runtime& Runtime::instance() {
   return runtime;
 }
 
+const char* to_string(LogLevel level) {
+  switch (level) {
+    case LogLevel::off: return "off";
+    case LogLevel::info: return "info";
+    case LogLevel::debug: return "debug";
+  }
+  return "unknown";
+}
+
+LogLevel log_level_from_string(const std::string& name) {
+  for (LogLevel level : {LogLevel::off, LogLevel::info, LogLevel::debug}) {
+    if (name == to_string(level)) return level;
+  }
+  throw Error(detail::concat("unknown log level '", name, "'; use 'off', 'info' or 'debug'"));
+}
+
 Runtime::Runtime()
-    : plans_(std::make_unique<PlanCache>()),
-      backend_(graph_backend_available() ? Backend::graph : Backend::legacy) {}
+    : plans_(std::make_unique<PlanCache>(*this)),
+      backend_(graph_backend_available() ? Backend::graph : Backend::legacy) {
+  if (const char* level = std::getenv("CUDNN_CACHE_LOG"); level != nullptr && *level != '\0') {
+    try {
+      log_level_ = log_level_from_string(level);
+    } catch (const Error& e) {
+      std::cerr << "cudnn_cache: CUDNN_CACHE_LOG: " << e.what() << "; logging stays off\n";
+    }
+  }
+}
+
+void Runtime::log(LogLevel level, const std::string& message) {
+  if (!logs(level)) return;
+  std::lock_guard lock(mutex_);
+  if (log_handler_) {
+    log_handler_(level, message);
+  } else {
+    std::cerr << "cudnn_cache [" << to_string(level) << "] " << message << '\n';
+  }
+}
+
+void Runtime::set_log_handler(std::function<void(LogLevel, const std::string&)> handler) {
+  std::lock_guard lock(mutex_);
+  log_handler_ = std::move(handler);
+}
 
 Runtime::~Runtime() {
   std::lock_guard lock(background_mutex_);
@@ -392,7 +465,7 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
   const std::optional<Ranking<Traits>> ranking =
-      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_, tune_us_}, "algorithm",
+      lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "algorithm",
              [&] { return search<Traits>(handle, descriptors, key, buffers, allocate); });
   Candidates<Traits> heuristic;
   if (!ranking) heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
@@ -415,9 +488,10 @@ Ranking<Traits> Runtime::tune(cudnnHandle_t handle, int device, const Convolutio
                               const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
-  const Ranking<Traits> ranking = timed_search({hits_, misses_, tunes_, tune_us_}, [&] {
+  const Ranking<Traits> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_}, [&] {
     return search<Traits>(handle, descriptors, key, buffers, allocate);
   });
+  log_tune(*this, key, ranking, "algorithm");
   cache.insert(key, ranking);
   return ranking;
 }
@@ -430,7 +504,7 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
   DirectionCaches& caches = caches_for_device(device);
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const std::optional<Ranking<GraphTraits<D>>> ranking =
-      lookup(cache, key, miss_policy(), {hits_, misses_, tunes_, tune_us_}, "engine config",
+      lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "engine config",
              [&] { return search_graph<D>(handle, device, key, buffers, allocate, *plans_, caches.plans); });
   std::string why_not = "heuristic miss policy";
   if (ranking) {
@@ -474,9 +548,10 @@ Ranking<GraphTraits<D>> Runtime::tune_graph(cudnnHandle_t handle, int device, co
                                             const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
   DirectionCaches& caches = caches_for_device(device);
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
-  const Ranking<GraphTraits<D>> ranking = timed_search({hits_, misses_, tunes_, tune_us_}, [&] {
+  const Ranking<GraphTraits<D>> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_}, [&] {
     return search_graph<D>(handle, device, key, buffers, allocate, *plans_, caches.plans);
   });
+  log_tune(*this, key, ranking, "engine config");
   cache.insert(key, ranking);
   return ranking;
 }
@@ -579,6 +654,10 @@ PrepareReport Runtime::prepare(int device, int threads) {
   CUDNN_CACHE_REQUIRE(failure.empty(), "cudnn_cache.prepare on CUDA device ", device, ": ", failure);
   report.plans = ready;
   report.seconds = 1e-6 * static_cast<double>(microseconds_since(started));
+  if (logs(LogLevel::info)) {
+    log(LogLevel::info, detail::concat("prepare: ", report.plans, " of ", report.entries, " plans ready for CUDA device ",
+                                       device, " in ", report.seconds, " s on ", threads, " threads"));
+  }
   return report;
 }
 

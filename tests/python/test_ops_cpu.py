@@ -639,3 +639,39 @@ def test_persistent_saves_when_the_body_raises(cache_state, synth_file, tool, tm
             cudnn_cache.load(synth_file)
             raise KeyError("boom")
     assert "valid, 50 entries" in tool("validate", path).stdout
+
+
+def test_log_level_round_trips_and_refuses_unknown_names(cache_state):
+    before = cudnn_cache.log_level()
+    try:
+        for level in ("debug", "info", "off"):
+            cudnn_cache.set_log_level(level)
+            assert cudnn_cache.log_level() == level
+        with pytest.raises(RuntimeError, match="unknown log level 'loud'; use 'off', 'info' or 'debug'"):
+            cudnn_cache.set_log_level("loud")
+        assert cudnn_cache.log_level() == "off"
+    finally:
+        cudnn_cache.set_log_level(before)
+
+
+LOG_SCRIPT = r"""
+import sys, cudnn_cache
+print(cudnn_cache.log_level())
+cudnn_cache.load(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("setting", ["debug", "info", "bogus", None])
+def test_cudnn_cache_log_sets_both_loggers_at_start(child_env, synth_file, setting):
+    env = dict(child_env)
+    env.pop("CUDNN_CACHE_LOG", None)
+    if setting is not None:
+        env["CUDNN_CACHE_LOG"] = setting
+    result = subprocess.run([sys.executable, "-c", LOG_SCRIPT, str(synth_file)], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (setting if setting in ("debug", "info") else "off")
+    shown = f"cudnn_cache [INFO] loaded 50 entries from {synth_file}" in result.stderr
+    assert shown == (setting in ("debug", "info")), result.stderr
+    if setting == "bogus":
+        assert "CUDNN_CACHE_LOG: unknown log level 'bogus'" in result.stderr and "logging stays off" in result.stderr

@@ -383,3 +383,24 @@ def test_torchscript_model_trains_on_the_gpu(tmp_path):
         losses.append(loss.item())
     assert losses[-1] < losses[0], losses
     assert cudnn_cache.stats()["hits"] > 0
+
+
+DEBUG_LOG_SCRIPT = r"""
+import torch, cudnn_cache
+x = torch.randn(2, 4, 10, 10, device="cuda")
+w = torch.randn(8, 4, 3, 3, device="cuda")
+for _ in range(2):
+    torch.ops.cudnn_cache.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+torch.cuda.synchronize()
+"""
+
+
+def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
+    env = dict(child_env, CUDNN_CACHE_LOG="debug")
+    result = subprocess.run([sys.executable, "-c", DEBUG_LOG_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("cudnn_cache [debug] ")]
+    assert any("miss (policy 'tune'): no engine config for forward" in line for line in lines), lines
+    assert any(line.startswith("cudnn_cache [debug] tuned: ") and "best engine" in line for line in lines), lines
+    assert sum(line.startswith("cudnn_cache [debug] hit: engine config") for line in lines) == 1, lines

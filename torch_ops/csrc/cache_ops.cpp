@@ -224,6 +224,12 @@ void set_backend(const std::string& backend) {
 
 std::string get_backend() { return to_string(Runtime::instance().backend()); }
 
+void set_log_level(const std::string& level) {
+  Runtime::instance().set_log_level(rethrow([&] { return log_level_from_string(level); }));
+}
+
+std::string get_log_level() { return to_string(Runtime::instance().log_level()); }
+
 int prepare_device(const std::optional<std::int64_t>& device) {
   TORCH_CHECK(at::cuda::is_available(), "cudnn_cache.prepare: no CUDA device; plans are built for a GPU");
   const std::int64_t index = device.value_or(at::cuda::current_device());
@@ -274,6 +280,8 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("get_miss_policy", &get_miss_policy);
   m.impl("set_backend", &set_backend);
   m.impl("get_backend", &get_backend);
+  m.impl("set_log_level", &set_log_level);
+  m.impl("get_log_level", &get_log_level);
   m.impl("prepare", &prepare);
   m.impl("prepare_wait", &prepare_wait);
 }

@@ -39,6 +39,8 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_miss_policy() -> str");
   m.def("set_backend(str backend) -> ()");
   m.def("get_backend() -> str");
+  m.def("set_log_level(str level) -> ()");
+  m.def("get_log_level() -> str");
   m.def("prepare(int? device=None, int threads=0, bool background=False) -> int");
   m.def("prepare_wait() -> int");
 

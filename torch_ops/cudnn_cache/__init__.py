@@ -12,7 +12,9 @@ documented layer over them.
 """
 
 import contextlib
+import logging
 import os
+import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -28,13 +30,33 @@ __version__ = "0.1.0"
 
 _ops = torch.ops.cudnn_cache
 
+# Loads, saves and prepares are logged here (INFO). The C++ runtime reports hits, misses, tunes and plans
+# (CUDNN_CACHE_LOG=debug) and prepare (info) on stderr, and warns about fallbacks once through warnings.
+logger = logging.getLogger("cudnn_cache")
+_LEVELS = {"off": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+
+
+def _configure_logging_from_environment() -> None:
+    """CUDNN_CACHE_LOG=info|debug also shows this package's messages on stderr (unless the application
+    configured the logger itself)."""
+    level = os.environ.get("CUDNN_CACHE_LOG", "")
+    if level in ("info", "debug"):
+        logger.setLevel(_LEVELS[level])
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("cudnn_cache [%(levelname)s] %(message)s"))
+            logger.addHandler(handler)
+
+
+_configure_logging_from_environment()
+
 FORMAT_VERSION = _ops.format_version()  # the cache file format this build writes; it reads 1 up to this one
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation", "backend",
     "clear", "conv_key", "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill",
-    "functional", "library_path", "load", "miss_policy", "persistent", "prepare", "query", "reset_stats", "save",
-    "set_backend", "set_miss_policy", "size", "stats",
+    "functional", "library_path", "load", "log_level", "logger", "miss_policy", "persistent", "prepare", "query",
+    "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "size", "stats",
 ]
 
 
@@ -44,12 +66,19 @@ def load(path: str) -> int:
     All or nothing: a truncated, corrupt, wrong-magic or newer-format file raises RuntimeError naming the file
     and the reason, and the cache stays as it was.
     """
-    return _ops.load(os.fspath(path))
+    path = os.fspath(path)
+    started = time.perf_counter()
+    entries = _ops.load(path)
+    logger.info("loaded %d entries from %s in %.1f ms", entries, path, 1e3 * (time.perf_counter() - started))
+    return entries
 
 
 def save(path: str) -> None:
     """Writes every entry of this process's cache to `path`, atomically (temp file, fsync, rename)."""
-    _ops.save(os.fspath(path))
+    path = os.fspath(path)
+    started = time.perf_counter()
+    _ops.save(path)
+    logger.info("saved %d entries to %s in %.1f ms", size(), path, 1e3 * (time.perf_counter() - started))
 
 
 @contextlib.contextmanager
@@ -108,8 +137,25 @@ def prepare(device: Optional[int] = None, threads: int = 0, background: bool = F
     number of plans ready, or with background=True a Preparation at once. Call it after load()."""
     if background:
         _ops.prepare(device, threads, True)
+        logger.info("prepare started in the background")
         return Preparation()
-    return _ops.prepare(device, threads, False)
+    started = time.perf_counter()
+    plans = _ops.prepare(device, threads, False)
+    logger.info("prepared %d plans in %.1f ms", plans, 1e3 * (time.perf_counter() - started))
+    return plans
+
+
+def set_log_level(level: str) -> None:
+    """What the C++ runtime reports on stderr: 'off' (default), 'info' (prepare) or 'debug' (also every hit,
+    miss, tune and plan built or restored). CUDNN_CACHE_LOG sets it at start. This package's own messages go
+    to the logging.Logger `cudnn_cache.logger` ("cudnn_cache"), whose level this sets as well."""
+    _ops.set_log_level(level)
+    logger.setLevel(_LEVELS[level])
+
+
+def log_level() -> str:
+    """The C++ runtime's log level."""
+    return _ops.get_log_level()
 
 
 def stats() -> Dict[str, int]:

@@ -57,6 +57,16 @@ Backend backend_from_string(const std::string& name);
 // Whether this process's cuDNN runs convolutions through the graph API (8.9 and later).
 bool graph_backend_available();
 
+// How much the runtime reports as it works: nothing; prepare() and other once-per-process events (info); or
+// also every hit, miss, tune and plan built or restored (debug). The CUDNN_CACHE_LOG environment variable
+// ("off", "info" or "debug") sets it when the runtime starts.
+enum class LogLevel { off = 0, info = 1, debug = 2 };
+
+// "off", "info" or "debug".
+const char* to_string(LogLevel level);
+// The level of that name; throws Error naming the valid names otherwise.
+LogLevel log_level_from_string(const std::string& name);
+
 // Counters since the process started (or since reset_stats).
 struct Stats {
   std::uint64_t hits = 0;           // calls whose key was cached
@@ -117,6 +127,15 @@ class Runtime {
   // Where warnings go (the torch layer routes them to TORCH_WARN); stderr by default.
   void set_warning_handler(std::function<void(const std::string&)> handler);
 
+  void set_log_level(LogLevel level) { log_level_ = level; }
+  LogLevel log_level() const { return log_level_.load(); }
+  // Whether messages of `level` are reported; check it before building one.
+  bool logs(LogLevel level) const { return level != LogLevel::off && level <= log_level_.load(); }
+  // Reports a message of `level` if logs(level): to the log handler, by default stderr as
+  // "cudnn_cache [debug] ...".
+  void log(LogLevel level, const std::string& message);
+  void set_log_handler(std::function<void(LogLevel, const std::string&)> handler);
+
   // The caches of CUDA device `index`; its identity is read once.
   DirectionCaches& caches_for_device(int index);
 
@@ -173,9 +192,11 @@ class Runtime {
   std::unique_ptr<PlanCache> plans_;
   std::atomic<MissPolicy> miss_policy_{MissPolicy::tune};
   std::atomic<Backend> backend_;
+  std::atomic<LogLevel> log_level_{LogLevel::off};
+  std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0};
   std::atomic<bool> warned_{false};
-  std::mutex mutex_;  // guards the handler and the filling of device_caches_
+  std::mutex mutex_;  // guards the handlers and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
   std::mutex background_mutex_;  // guards background_

@@ -1,0 +1,50 @@
+// The runtime's parts that need no GPU: the names of miss policies, backends and log levels, and logging.
+// tests/gpu/ runs convolutions through it.
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cudnn_cache/runtime.h"
+
+using namespace cudnn_cache;
+using Catch::Matchers::Contains;
+
+TEST_CASE("miss policies and backends round-trip through their names, and others are refused", "[runtime]") {
+  for (MissPolicy policy : {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error}) {
+    CHECK(miss_policy_from_string(to_string(policy)) == policy);
+  }
+  CHECK_THROWS_WITH(miss_policy_from_string("retry"), Contains("use 'tune', 'heuristic' or 'error'"));
+  for (Backend backend : {Backend::graph, Backend::legacy}) CHECK(backend_from_string(to_string(backend)) == backend);
+  CHECK_THROWS_WITH(backend_from_string("v7"), Contains("use 'graph' or 'legacy'"));
+  CHECK(graph_backend_available());  // cuDNN 9
+  CHECK(Runtime::instance().backend() == Backend::graph);
+}
+
+TEST_CASE("log levels parse, gate messages, and reach the handler", "[runtime][log]") {
+  CHECK(log_level_from_string("debug") == LogLevel::debug);
+  CHECK(log_level_from_string("info") == LogLevel::info);
+  CHECK(log_level_from_string("off") == LogLevel::off);
+  CHECK_THROWS_WITH(log_level_from_string("verbose"), Contains("use 'off', 'info' or 'debug'"));
+  for (LogLevel level : {LogLevel::off, LogLevel::info, LogLevel::debug}) {
+    CHECK(log_level_from_string(to_string(level)) == level);
+  }
+
+  Runtime& runtime = Runtime::instance();
+  const LogLevel before = runtime.log_level();
+  std::vector<std::pair<LogLevel, std::string>> seen;
+  runtime.set_log_handler([&](LogLevel level, const std::string& message) { seen.emplace_back(level, message); });
+  runtime.set_log_level(LogLevel::info);
+  CHECK(runtime.logs(LogLevel::info));
+  CHECK_FALSE(runtime.logs(LogLevel::debug));
+  CHECK_FALSE(runtime.logs(LogLevel::off));
+  runtime.log(LogLevel::debug, "not shown");
+  runtime.log(LogLevel::info, "shown");
+  runtime.set_log_level(LogLevel::off);
+  runtime.log(LogLevel::info, "not shown either");
+  runtime.set_log_handler(nullptr);
+  runtime.set_log_level(before);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0] == std::make_pair(LogLevel::info, std::string("shown")));
+}
