@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -428,6 +429,35 @@ TEST_CASE("the runtime restores stored plans, rebuilds those of another cuDNN or
     CHECK(relative_difference(result, operands.written->read()) <= problem.tolerance);
   }
   runtime.set_miss_policy(MissPolicy::tune);
+}
+
+TEST_CASE("a stored config whose workspace cannot be allocated falls back to the next one", "[gpu][graph][runtime]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  ConvolutionKey key = problems()[1].key;  // fp32 stride 2: several engines, some needing a workspace
+  key.direction = static_cast<std::int32_t>(Direction::backward_filter);
+  std::mt19937 random(12);
+  Operands operands(key, random);
+  const std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, key, operands.buffers(), allocate);
+  const auto needs = std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes > 0; });
+  const auto needs_none =
+      std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes == 0; });
+  REQUIRE(needs != configs.end());
+  REQUIRE(needs_none != configs.end());
+  EngineCandidate first = *needs, second = *needs_none;
+  first.time_ms = 0.001f;  // ranked first
+  second.time_ms = 0.002f;
+  runtime.caches_for_device(0).graph_backward_filter.insert(key, Ranking<GraphBackwardFilterTraits>::of({first, second}));
+  const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
+  const Stats before = runtime.stats();
+  runtime.run_graph<Direction::backward_filter>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(runtime.stats().hits == before.hits + 1);
+  CHECK(runtime.stats().fallbacks == before.fallbacks + 1);
+  const std::vector<double> result = operands.written->read();
+  run_legacy(handle.handle, key, operands.buffers());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(relative_difference(result, operands.written->read()) <= problems()[1].tolerance);
 }
 
 int main(int argc, char** argv) {

@@ -404,3 +404,72 @@ def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
     assert any("miss (policy 'tune'): no engine config for forward" in line for line in lines), lines
     assert any(line.startswith("cudnn_cache [debug] tuned: ") and "best engine" in line for line in lines), lines
     assert sum(line.startswith("cudnn_cache [debug] hit: engine config") for line in lines) == 1, lines
+
+
+# --- A file from another cuDNN (issue 8: edit the version in the file) -----------------------------------------
+
+EDITED_FILE_SCRIPT = r"""
+import json, sys, torch, torch.nn.functional as F, cudnn_cache
+mode, path = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+# Depthwise 5x5 and 3x3 convolutions in bf16 channels-last: cuDNN compiles their best engines at run time,
+# so the file stores plans for them.
+shapes = [(8, 240, 14, 14, 5), (8, 144, 28, 28, 3), (8, 96, 56, 56, 3)]
+tensors = []
+for n, c, h, w, k in shapes:
+    x = torch.randn(n, c, h, w, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(c, 1, k, k, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    tensors.append((x, weight, k // 2, c))
+if mode == "tune":
+    for x, weight, padding, groups in tensors:
+        cudnn_cache.functional.conv2d(x, weight, padding=padding, groups=groups)
+    cudnn_cache.save(path)
+else:
+    cudnn_cache.load(path)
+    cudnn_cache.set_miss_policy(mode)
+    cudnn_cache.reset_stats()
+    worst = 0.0
+    for x, weight, padding, groups in tensors:
+        ours = cudnn_cache.functional.conv2d(x, weight, padding=padding, groups=groups).float()
+        native = F.conv2d(x, weight, padding=padding, groups=groups).float()
+        worst = max(worst, ((ours - native).abs().max() / native.abs().max()).item())
+    torch.cuda.synchronize()
+    print(json.dumps({"stats": cudnn_cache.stats(), "worst": worst}))
+"""
+
+
+@pytest.mark.parametrize("edit", ["plan_version", "origin_version"])
+def test_a_file_edited_to_another_cudnn_falls_back_cleanly(child_env, tmp_path, edit):
+    import json
+
+    path, edited = tmp_path / "convs.cache", tmp_path / "edited.cache"
+
+    def child(mode, file):
+        result = subprocess.run([sys.executable, "-c", EDITED_FILE_SCRIPT, mode, str(file)], env=child_env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    child("tune", path)
+    document = json.loads(ops.file_export_json(str(path)))
+    (section,) = document["sections"]
+    stored = section["stored_plans"]
+    assert len(stored) > 0, "no runtime-compiled winner: the plan edit would test nothing"
+    if edit == "plan_version":  # plans of another cuDNN patch release: the engine configs still apply
+        for entry in stored:
+            entry["plan"]["cudnn_version"] += 1
+    else:  # everything measured with another cuDNN minor: kept, never used
+        section["origin"]["cudnn_minor"] += 1
+    (tmp_path / "edited.json").write_text(json.dumps(document))
+    ops.file_import_json(str(tmp_path / "edited.json"), str(edited))
+
+    result = child("error" if edit == "plan_version" else "tune", edited)
+    report = json.loads(result.stdout.splitlines()[-1])
+    stats = report["stats"]
+    assert report["worst"] < 5e-2, report
+    if edit == "plan_version":
+        assert stats["misses"] == 0 and stats["plans_deserialized"] == 0, stats
+        assert stats["plan_rebuilds"] == len(stored) and stats["fallbacks"] == 0, stats
+    else:
+        assert stats["hits"] == 0 and stats["misses"] == stats["tunes"] == 3, stats
+        assert "measured with another cuDNN" in result.stderr
