@@ -45,6 +45,15 @@ Candidate<Traits> candidate(int algorithm, float time_ms, std::uint64_t workspac
   return result;
 }
 
+// An engine config with the given id, time and knobs (sorted by type, as a search stores them).
+inline EngineCandidate engine(std::int64_t id, float time_ms, std::initializer_list<Knob> knobs = {}) {
+  EngineCandidate result;
+  result.engine_id = id;
+  result.time_ms = time_ms;
+  for (const Knob& knob : knobs) result.knobs[result.knob_count++] = knob;
+  return result;
+}
+
 template <typename Traits>
 Candidate<Traits> failure(int algorithm, cudnnMathType_t math_type = CUDNN_DEFAULT_MATH) {
   return candidate<Traits>(algorithm, 0.0f, 0, CUDNN_STATUS_NOT_SUPPORTED, math_type);

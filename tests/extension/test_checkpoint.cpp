@@ -21,6 +21,7 @@ using Catch::Matchers::Contains;
 using cudnn_cache::testing::candidate;
 using cudnn_cache::testing::conv_key;
 using cudnn_cache::testing::difference;
+using cudnn_cache::testing::engine;
 using cudnn_cache::testing::error_of;
 using cudnn_cache::testing::failure;
 using cudnn_cache::testing::TemporaryFolder;
@@ -416,13 +417,6 @@ TEST_CASE("saving over an existing file replaces it", "[checkpoint]") {
 
 namespace {
 
-EngineCandidate engine(std::int64_t id, float time_ms, std::initializer_list<Knob> knobs = {}) {
-  EngineCandidate result;
-  result.engine_id = id;
-  result.time_ms = time_ms;
-  for (const Knob& knob : knobs) result.knobs[result.knob_count++] = knob;
-  return result;
-}
 
 using GraphFwd = GraphForwardTraits;
 

@@ -13,17 +13,11 @@ using Catch::Matchers::Contains;
 using cudnn_cache::testing::candidate;
 using cudnn_cache::testing::conv_key;
 using cudnn_cache::testing::difference;
+using cudnn_cache::testing::engine;
 using cudnn_cache::testing::error_of;
 
 namespace {
 
-EngineCandidate engine(std::int64_t id, float time_ms, std::initializer_list<Knob> knobs = {}) {
-  EngineCandidate config;
-  config.engine_id = id;
-  config.time_ms = time_ms;
-  for (const Knob& knob : knobs) config.knobs[config.knob_count++] = knob;
-  return config;
-}
 
 // Every kind of content: synthetic entries of both APIs, a legacy and a graph entry by hand, a stored plan.
 Checkpoint sample() {

@@ -211,6 +211,15 @@ double relative_difference(const std::vector<double>& result, const std::vector<
   return largest > 0.0 ? worst / largest : std::numeric_limits<double>::infinity();
 }
 
+// Checks that what the key's direction wrote into `operands` is what the legacy API computes on them.
+void check_matches_legacy(cudnnHandle_t handle, const ConvolutionKey& key, Operands& operands, double tolerance) {
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<double> result = operands.written->read();
+  run_legacy(handle, key, operands.buffers());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(relative_difference(result, operands.written->read()) <= tolerance);
+}
+
 }  // namespace
 
 TEST_CASE("the best engine config, replayed alone, computes what the legacy API computes", "[gpu][graph]") {
@@ -323,13 +332,9 @@ TEST_CASE("a stored engine config cuDNN refuses falls back, is counted, and the 
   Operands operands(key, random);
   const Stats before = runtime.stats();
   run_graph(runtime, handle.handle, key, operands.buffers());
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(runtime.stats().hits == before.hits + 1);
   CHECK(runtime.stats().fallbacks == before.fallbacks + 1);
-  const std::vector<double> result = operands.written->read();
-  run_legacy(handle.handle, key, operands.buffers());
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  CHECK(relative_difference(result, operands.written->read()) <= problem.tolerance);
+  check_matches_legacy(handle.handle, key, operands, problem.tolerance);
 }
 
 namespace {
@@ -423,10 +428,7 @@ TEST_CASE("the runtime restores stored plans, rebuilds those of another cuDNN or
     if (!valid) {  // the rebuilt plan replaced the unusable one
       CHECK(caches.plans.find(problem.key)->cudnn_version == static_cast<std::uint32_t>(cudnnGetVersion()));
     }
-    const std::vector<double> result = operands.written->read();
-    run_legacy(handle.handle, problem.key, operands.buffers());
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(relative_difference(result, operands.written->read()) <= problem.tolerance);
+    check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
   }
   runtime.set_miss_policy(MissPolicy::tune);
 }
@@ -451,13 +453,9 @@ TEST_CASE("a stored config whose workspace cannot be allocated falls back to the
   const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
   const Stats before = runtime.stats();
   runtime.run_graph<Direction::backward_filter>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(runtime.stats().hits == before.hits + 1);
   CHECK(runtime.stats().fallbacks == before.fallbacks + 1);
-  const std::vector<double> result = operands.written->read();
-  run_legacy(handle.handle, key, operands.buffers());
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  CHECK(relative_difference(result, operands.written->read()) <= problems()[1].tolerance);
+  check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
 }
 
 int main(int argc, char** argv) {
