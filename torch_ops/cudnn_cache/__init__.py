@@ -4,7 +4,7 @@ Tune each convolution once, save the rankings, and start later processes at tune
 
     import cudnn_cache
     model = cudnn_cache.convert(model)           # nn.Conv*d / nn.ConvTranspose*d -> cached modules
-    with cudnn_cache.persistent("convs.cache"):  # load if present; save atomically on exit
+    with cudnn_cache.persistent("convs.cache"):  # load if present, build its plans; save atomically on exit
         train(model)
 
 The ops live in torch.ops.cudnn_cache (usable from TorchScript and LibTorch); this package is a thin,
@@ -82,12 +82,14 @@ def save(path: str) -> None:
 
 
 @contextlib.contextmanager
-def persistent(path: str) -> Iterator[None]:
-    """Loads `path` if it exists, and saves the cache to it atomically when the block exits (also when it
-    raises: what was tuned stays valid)."""
+def persistent(path: str, prepare_plans: bool = True) -> Iterator[None]:
+    """Loads `path` if it exists (then, with a GPU and `prepare_plans`, builds its plans with prepare()), and
+    saves the cache to it atomically when the block exits (also when it raises: what was tuned stays valid)."""
     path = os.fspath(path)
     if os.path.exists(path):
         load(path)
+        if prepare_plans and torch.cuda.is_available():
+            prepare()
     try:
         yield
     finally:
