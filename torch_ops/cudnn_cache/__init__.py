@@ -53,7 +53,8 @@ _configure_logging_from_environment()
 FORMAT_VERSION = _ops.format_version()  # the cache file format this build writes; it reads 1 up to this one
 
 __all__ = [
-    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation", "backend",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation",
+    "active_file", "backend",
     "clear", "conv_key", "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill",
     "functional", "library_path", "load", "log_level", "logger", "miss_policy", "persistent", "prepare", "query",
     "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "size", "stats",
@@ -182,6 +183,12 @@ def clear() -> None:
     _ops.clear()
 
 
+def active_file() -> Optional[str]:
+    """The file CUDNN_CACHE_PATH made this process load at import and save at exit, or None."""
+    path = _activation.active_file()
+    return None if path is None else str(path)
+
+
 def describe_tensor(input: torch.Tensor) -> Tuple[str, Tuple[int, ...], Tuple[int, ...]]:
     """(data type, dims, strides) of the cuDNN tensor descriptor cudnn_cache builds for `input`, read back
     with cudnnGetTensorNdDescriptor. 1-D inputs (N, C, L) appear as (N, C, 1, L)."""
@@ -227,3 +234,9 @@ def fill(input: torch.Tensor, weight: torch.Tensor, stride: List[int], padding: 
     """Tunes forward, backward-data and backward-filter of this convolution now with the current backend, on
     CUDA tensors shaped like these, and stores the rankings. Returns the number of directions tuned."""
     return _ops.fill(input, weight, stride, padding, dilation, groups, transposed, output_padding or [])
+
+
+from . import _activation  # noqa: E402  (CUDNN_CACHE_PATH: load now, save at exit)
+
+if os.environ.get(_activation.ENVIRONMENT):
+    _activation.activate(os.environ[_activation.ENVIRONMENT])

@@ -1,0 +1,106 @@
+"""CUDNN_CACHE_PATH, in child processes: the file loads at import and is saved at exit; a file that cannot be
+loaded is moved aside, never overwritten; a directory holds one file per GPU and cuDNN identity."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cudnn_cache
+from cudnn_cache import _activation
+
+# Imports cudnn_cache (which acts on CUDNN_CACHE_PATH), loads the file argv[1] names if any (entries that the
+# exit save then writes), and prints the size of the cache and the active file.
+SCRIPT = r"""
+import sys, cudnn_cache
+if len(sys.argv) > 1:
+    cudnn_cache.load(sys.argv[1])
+print(cudnn_cache.size(), cudnn_cache.active_file())
+"""
+
+
+@pytest.fixture
+def child(child_env, tmp_path):
+    def run(value, *args):
+        env = {key: item for key, item in child_env.items() if key != "CUDNN_CACHE_PATH"}
+        if value is not None:
+            env["CUDNN_CACHE_PATH"] = str(value)
+        env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+        result = subprocess.run([sys.executable, "-c", SCRIPT, *map(str, args)], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        size, active = result.stdout.split()
+        return int(size), active, result.stderr
+    return run
+
+
+@pytest.fixture
+def synth(tool, tmp_path):
+    def make(name, entries, seed=1):
+        path = tmp_path / name
+        assert tool("synth", path, "--entries", entries, "--seed", seed).returncode == 0
+        return path
+    return make
+
+
+def test_unset_activates_nothing(child, synth):
+    assert child(None) == (0, "None", "")
+
+
+def test_a_file_loads_at_import_and_is_saved_at_exit(child, synth, tool, tmp_path):
+    path = synth("convs.cache", 20)
+    extra = synth("extra.cache", 30, seed=2)
+    size, active, _ = child(path)
+    assert (size, active) == (20, str(path))
+    assert child(path, extra)[0] == 20 + 30  # loaded at import, then the script added 30
+    assert "valid, 50 entries" in tool("validate", path).stdout  # saved at exit
+    assert child(path)[0] == 50
+
+
+def test_a_missing_file_is_created_at_exit_when_something_was_cached(child, synth, tmp_path):
+    path = tmp_path / "new" / "convs.cache"
+    assert child(path) == (0, str(path), "")
+    assert not path.exists()  # nothing cached: nothing written
+    child(path, synth("extra.cache", 5))
+    assert path.exists() and child(path)[0] == 5
+
+
+def test_a_file_that_cannot_be_loaded_is_moved_aside_not_overwritten(child, synth, tmp_path):
+    path = tmp_path / "convs.cache"
+    path.write_bytes(b"not a cache file")
+    size, active, stderr = child(path, synth("extra.cache", 7))
+    assert size == 7 and active == str(path)
+    assert "cannot be loaded" in stderr and "wrong magic" in stderr
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("convs.cache.unreadable-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == b"not a cache file"
+    assert child(path)[0] == 7  # the new file
+
+
+def test_resolution_of_files_and_directories(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _activation.resolve(str(tmp_path / "convs.cache")) == tmp_path / "convs.cache"
+    assert _activation.default_directory() == tmp_path / "xdg" / "cudnn_cache"
+    for directory in (str(tmp_path), str(tmp_path / "new") + os.sep, "default"):
+        if torch.cuda.is_available():
+            assert _activation.resolve(directory).name == _activation.identity_file_name()
+        else:
+            assert _activation.resolve(directory) is None  # the GPU's identity names the file
+
+
+def test_a_directory_without_a_gpu_activates_nothing(child, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU case; test_a_directory_holds_one_file_per_identity covers the GPU")
+    assert child(tmp_path) == (0, "None", "")
+    assert child("default") == (0, "None", "")
+
+
+@pytest.mark.gpu
+def test_a_directory_holds_one_file_per_identity(child, synth, tmp_path):
+    name = _activation.identity_file_name()
+    assert name.endswith(".cache") and "-sm" in name and "-cudnn" in name
+    size, active, _ = child("default", synth("extra.cache", 3))
+    assert active == str(tmp_path / "xdg" / "cudnn_cache" / name)
+    assert child("default")[0] == 3
+    assert cudnn_cache.active_file() is None  # this process did not set the variable
