@@ -581,7 +581,8 @@ def steady_row(case: dict) -> List[str]:
         counters = " / ".join(str(stats[k]) for k in ("hits", "misses", "tunes", "fallbacks"))
         plans = " / ".join(str(stats.get(k, "-")) for k in ("plans_built", "plans_deserialized", "plan_rebuilds"))
     return [workload_label(case["workload"]), case["mode"], number(case["steady_ms"], ".2f", " ms"),
-            number(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"), number(derived["steady_vs_best_native"], ".2f"),
+            number(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"),
+            number(derived["steady_vs_best_native"], ".2f"),
             counters, plans]
 
 

@@ -170,7 +170,8 @@ float time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std
     const bool ran = graph.execute_plan_at_index(handle, pack, workspace, index).is_good();
     cudaEventRecord(stop, stream);
     float elapsed = 0.0f;
-    if (!ran || cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&elapsed, start, stop) != cudaSuccess) {
+    if (!ran || cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&elapsed, start, stop) != cudaSuccess) {
       times.clear();
       break;
     }
@@ -221,7 +222,9 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
     // A knob this cudnn-frontend cannot name comes back as NOT_SET and cannot be replayed: such a config
     // could never be rebuilt from the cache, so it is not offered.
     if (knobs.count(fe::KnobType_t::NOT_SET) > 0) continue;
-    for (const auto& [type, value] : knobs) config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
+    for (const auto& [type, value] : knobs) {
+      config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
+    }
     std::sort(config.knobs.begin(), config.knobs.begin() + config.knob_count);
     config.workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
     std::vector<fe::BehaviorNote_t> notes;

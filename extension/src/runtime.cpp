@@ -127,8 +127,9 @@ std::uint64_t microseconds_since(std::chrono::steady_clock::time_point start) {
 // Note [Plan cache]
 // ~~~~~~~~~~~~~~~~~
 // Building an execution plan costs far more than running it, so the plan of each (device, key, engine
-// config) is made once (restored from a stored plan, Note [Stored plans], or built) and kept; so is cuDNN's refusal to build one, so a stored config this cuDNN does not
-// know costs one attempt per process, not one per call. The cache is shared by all threads (cuDNN plans may
+// config) is made once (restored from a stored plan, Note [Stored plans], or built) and kept; so is cuDNN's
+// refusal to build one, so a stored config this cuDNN does not know costs one attempt per process, not one
+// per call. The cache is shared by all threads (cuDNN plans may
 // run concurrently), so prepare() can fill it from other threads while training runs: a lookup takes a
 // shared lock, a build happens outside any lock, and the first result stored wins. Entries are never
 // removed: a plan is tied to its device and cuDNN, not to a file, so loading or clearing the caches does not
@@ -302,7 +303,8 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
   if (ranking) {
     ++counters.hits;
     if (runtime.logs(LogLevel::debug)) {
-      runtime.log(LogLevel::debug, detail::concat("hit: ", kind, " ", Traits::describe(ranking->front()), " for ", key));
+      runtime.log(LogLevel::debug,
+                  detail::concat("hit: ", kind, " ", Traits::describe(ranking->front()), " for ", key));
     }
     return ranking;
   }
@@ -655,8 +657,9 @@ PrepareReport Runtime::prepare(int device, int threads) {
   report.plans = ready;
   report.seconds = 1e-6 * static_cast<double>(microseconds_since(started));
   if (logs(LogLevel::info)) {
-    log(LogLevel::info, detail::concat("prepare: ", report.plans, " of ", report.entries, " plans ready for CUDA device ",
-                                       device, " in ", report.seconds, " s on ", threads, " threads"));
+    log(LogLevel::info, detail::concat("prepare: ", report.plans, " of ", report.entries,
+                                       " plans ready for CUDA device ", device, " in ", report.seconds, " s on ",
+                                       threads, " threads"));
   }
   return report;
 }

@@ -59,7 +59,9 @@ int synth(const std::vector<std::string>& args) {
     if (arg == "--entries" || arg == "--seed") {
       if (i + 1 == args.size()) return usage_error(arg + " needs a value");
       std::uint64_t& target = arg == "--entries" ? entries : seed;
-      if (!parse_count(args[++i], target)) return usage_error(arg + " takes a non-negative integer, not '" + args[i] + "'");
+      if (!parse_count(args[++i], target)) {
+        return usage_error(arg + " takes a non-negative integer, not '" + args[i] + "'");
+      }
       have_entries |= arg == "--entries";
     } else if (path.empty() && arg.rfind("--", 0) != 0) {
       path = arg;

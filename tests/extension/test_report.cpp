@@ -24,7 +24,8 @@ Checkpoint sample() {
   CacheStore store;
   add_synthetic_entries(store, synthetic_origin(), 40, 3);
   DirectionCaches& caches = store.caches(synthetic_origin());
-  caches.forward.insert(conv_key(Direction::forward, 5), Ranking<ForwardTraits>::of({candidate<ForwardTraits>(1, 0.5f)}));
+  caches.forward.insert(conv_key(Direction::forward, 5),
+                        Ranking<ForwardTraits>::of({candidate<ForwardTraits>(1, 0.5f)}));
   caches.graph_forward.insert(conv_key(Direction::forward, 5),
                               Ranking<GraphForwardTraits>::of({engine(9, 0.25f, {{2, 16}, {13, 1}})}));
   StoredPlan plan;

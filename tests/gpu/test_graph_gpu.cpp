@@ -449,7 +449,8 @@ TEST_CASE("a stored config whose workspace cannot be allocated falls back to the
   EngineCandidate first = *needs, second = *needs_none;
   first.time_ms = 0.001f;  // ranked first
   second.time_ms = 0.002f;
-  runtime.caches_for_device(0).graph_backward_filter.insert(key, Ranking<GraphBackwardFilterTraits>::of({first, second}));
+  runtime.caches_for_device(0).graph_backward_filter.insert(key,
+                                                            Ranking<GraphBackwardFilterTraits>::of({first, second}));
   const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
   const Stats before = runtime.stats();
   runtime.run_graph<Direction::backward_filter>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);

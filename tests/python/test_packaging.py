@@ -26,7 +26,8 @@ def test_find_package_finds_the_installed_core_and_ops(build_dir, tmp_path):
 
     def run(*command):
         result = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, f"{' '.join(map(str, command))}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        shown = " ".join(map(str, command))
+        assert result.returncode == 0, f"{shown}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result
 
     run("cmake", "--install", build_dir, "--prefix", prefix)

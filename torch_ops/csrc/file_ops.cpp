@@ -46,7 +46,9 @@ std::vector<std::string> file_merge(const std::vector<std::string>& inputs, cons
   });
 }
 
-std::string file_export_json(const std::string& path) { return rethrow([&] { return to_json(read_checkpoint(path)); }); }
+std::string file_export_json(const std::string& path) {
+  return rethrow([&] { return to_json(read_checkpoint(path)); });
+}
 
 // Writes the cache file of a JSON export to `output` atomically, stamped with this build's format.
 void file_import_json(const std::string& json_path, const std::string& output) {

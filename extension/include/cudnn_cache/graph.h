@@ -14,9 +14,10 @@
 // inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
 // engines only when asked. The first `max_candidates` that build, in heuristic order, are timed: building a
 // plan costs milliseconds (and 50-200 ms for an engine cuDNN compiles at run time), so building all of them
-// made tuning slower than PyTorch's benchmark mode, which stops at cudnn.benchmark_limit (10) as well. Each candidate is timed the way training runs it: its workspace allocated first,
-// `warmup` untimed runs, then the median of `repetitions` runs timed with CUDA events on the handle's stream.
-// PyTorch's benchmark mode times one run per candidate, so a single lucky or unlucky sample decides.
+// made tuning slower than PyTorch's benchmark mode, which stops at cudnn.benchmark_limit (10) as well. Each
+// candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs, then the
+// median of `repetitions` runs timed with CUDA events on the handle's stream. PyTorch's benchmark mode times
+// one run per candidate, so a single lucky or unlucky sample decides (docs/PERFORMANCE.md).
 //
 // Tensors are described with 16-byte alignment (cudnn-frontend's default); GraphPlan::execute refuses
 // buffers that are not, so the caller can fall back to the legacy path.

@@ -89,8 +89,8 @@ struct PrepareReport {
 
 // The legacy traits of direction D.
 template <Direction D>
-using LegacyTraits =
-    std::tuple_element_t<static_cast<std::size_t>(D), std::tuple<ForwardTraits, BackwardDataTraits, BackwardFilterTraits>>;
+using LegacyTraits = std::tuple_element_t<static_cast<std::size_t>(D),
+                                          std::tuple<ForwardTraits, BackwardDataTraits, BackwardFilterTraits>>;
 
 // Device memory for a cuDNN workspace, released when destroyed.
 class Workspace {
