@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -327,6 +328,21 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
 
 }  // namespace
 
+namespace {
+
+// The value of `values` whose to_string is `name`; otherwise an Error naming `what` and every valid name.
+template <typename Enum, std::size_t N>
+Enum from_name(const std::string& name, const std::array<Enum, N>& values, const char* what) {
+  std::string valid;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (name == to_string(values[i])) return values[i];
+    valid += detail::concat(i == 0 ? "" : i + 1 == N ? " or " : ", ", "'", to_string(values[i]), "'");
+  }
+  throw Error(detail::concat("unknown ", what, " '", name, "'; use ", valid));
+}
+
+}  // namespace
+
 const char* to_string(MissPolicy policy) {
   switch (policy) {
     case MissPolicy::tune: return "tune";
@@ -337,26 +353,13 @@ const char* to_string(MissPolicy policy) {
 }
 
 MissPolicy miss_policy_from_string(const std::string& name) {
-  for (MissPolicy policy : {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error}) {
-    if (name == to_string(policy)) return policy;
-  }
-  throw Error(detail::concat("unknown miss policy '", name, "'; use 'tune', 'heuristic' or 'error'"));
+  return from_name(name, std::array{MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error}, "miss policy");
 }
 
 const char* to_string(Backend backend) { return backend == Backend::graph ? "graph" : "legacy"; }
 
 Backend backend_from_string(const std::string& name) {
-  for (Backend backend : {Backend::graph, Backend::legacy}) {
-    if (name == to_string(backend)) return backend;
-  }
-  throw Error(detail::concat("unknown backend '", name, "'; use 'graph' or 'legacy'"));
-}
-
-bool graph_backend_available() { return cudnnGetVersion() >= 8900; }
-
-Runtime& Runtime::instance() {
-  static Runtime runtime;
-  return runtime;
+  return from_name(name, std::array{Backend::graph, Backend::legacy}, "backend");
 }
 
 const char* to_string(LogLevel level) {
@@ -369,10 +372,14 @@ const char* to_string(LogLevel level) {
 }
 
 LogLevel log_level_from_string(const std::string& name) {
-  for (LogLevel level : {LogLevel::off, LogLevel::info, LogLevel::debug}) {
-    if (name == to_string(level)) return level;
-  }
-  throw Error(detail::concat("unknown log level '", name, "'; use 'off', 'info' or 'debug'"));
+  return from_name(name, std::array{LogLevel::off, LogLevel::info, LogLevel::debug}, "log level");
+}
+
+bool graph_backend_available() { return cudnnGetVersion() >= 8900; }
+
+Runtime& Runtime::instance() {
+  static Runtime runtime;
+  return runtime;
 }
 
 Runtime::Runtime()

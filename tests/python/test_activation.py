@@ -89,11 +89,10 @@ def test_resolution_of_files_and_directories(tmp_path, monkeypatch):
             assert _activation.resolve(directory) is None  # the GPU's identity names the file
 
 
-def test_a_directory_without_a_gpu_activates_nothing(child, tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("checks the no-GPU case; test_a_directory_holds_one_file_per_identity covers the GPU")
-    assert child(tmp_path) == (0, "None", "")
-    assert child("default") == (0, "None", "")
+def test_a_directory_names_no_file_without_a_gpu_and_the_identity_file_with_one(child, tmp_path):
+    for value, directory in ((tmp_path, tmp_path), ("default", tmp_path / "xdg" / "cudnn_cache")):
+        expected = str(directory / _activation.identity_file_name()) if torch.cuda.is_available() else "None"
+        assert child(value) == (0, expected, "")
 
 
 @pytest.mark.gpu
