@@ -219,6 +219,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     if mode.miss_policy is not None:
         import cudnn_cache as cache
         cache.set_backend(args.backend)
+        cache.set_tuning_options(**args.tuning)
     initialise_libraries(device, cache)
 
     result = {"workload": workload_name, "mode": mode_name}
@@ -257,10 +258,42 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
             started = time.perf_counter()
             cache.save(args.cache_file)
             result["save_s"] = time.perf_counter() - started
+            if args.audit and device.type == "cuda":
+                started = time.perf_counter()
+                result["audit"] = summarize_audit(cache.audit())
+                result["audit"]["seconds"] = time.perf_counter() - started
         if mode_name == "cache_warm":
             result["plans_deserialized"] = stats.get("plans_deserialized")
             result["warm_start_s"] = result["load_s"] + (result["prepare_s"] or 0.0) + result["first_s"]
     return result
+
+
+AUDIT_NOISE = 1.02  # an audited time within 2% of another counts as a tie: repeated audits vary by about that
+
+
+def summarize_audit(rows: List[dict]) -> dict:
+    """cudnn_cache.audit()'s rows, summarised: per key, the stored choice's time over the faster of the two
+    native choices (all measured the same way); how many keys are slower than that by more than AUDIT_NOISE;
+    the geometric means against each native mode; and the worst key."""
+    summary = {"keys": len(rows), "rows": rows}
+    if not rows:
+        return summary
+    ratios = [row["stored_ms"] / min(row["heuristic_ms"], row["benchmark_ms"]) for row in rows]
+    worst = max(range(len(rows)), key=ratios.__getitem__)
+
+    def geomean(values):
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+
+    summary.update(
+        slower_than_native=sum(r > AUDIT_NOISE for r in ratios),
+        faster_than_native=sum(r < 1 / AUDIT_NOISE for r in ratios),
+        geomean_vs_heuristic=geomean([r["stored_ms"] / r["heuristic_ms"] for r in rows]),
+        geomean_vs_benchmark=geomean([r["stored_ms"] / r["benchmark_ms"] for r in rows]),
+        worst_ratio=ratios[worst], worst_key=f"{rows[worst]['direction']} {rows[worst]['key']}",
+        stored_total_ms=sum(r["stored_ms"] for r in rows),
+        heuristic_total_ms=sum(r["heuristic_ms"] for r in rows),
+        benchmark_total_ms=sum(r["benchmark_ms"] for r in rows))
+    return summary
 
 
 def gpu_time_per_step(step: Callable[[], None], device: torch.device, steps: int = GPU_TIME_STEPS) -> Optional[float]:
@@ -398,6 +431,10 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
     if cache_file is not None:
         command += ["--cache-file", str(cache_file)]
+    if args.audit:
+        command.append("--audit")
+    command += ["--tuning", *(f"{name}={int(value) if isinstance(value, bool) else value}"
+                              for name, value in args.tuning.items())]
     return command
 
 
@@ -519,6 +556,10 @@ def check_targets(report: dict) -> List[dict]:
                stretch_limit=TARGET_STEADY_STRETCH)
         target(workload, "cold tuning (cache_cold first step − steady step) ≤ native_benchmark first step",
                get("cache_cold", "tuning_estimate_s"), get("native_benchmark", "first_s"), "s")
+        audit = get("cache_cold", "audit")
+        if audit is not None and audit["keys"]:
+            target(workload, f"keys whose stored choice is > {AUDIT_NOISE:g}x slower than a native choice, "
+                   "measured the same way (cudnn_cache.audit)", audit["slower_than_native"], 0, "count")
     overhead = report.get("overhead")
     if overhead is not None:
         target(OVERHEAD, f"op host time per call ≤ better native's + {TARGET_OP_OVERHEAD_US:g} us",
@@ -586,6 +627,27 @@ def steady_row(case: dict) -> List[str]:
             counters, plans]
 
 
+def audit_table(cases: List[dict]) -> List[str]:
+    audited = [c for c in cases if c.get("audit", {}).get("keys")]
+    if not audited:
+        return []
+    lines = ["", "## Per-key audit", "", "cudnn_cache.audit() after cache_cold: every tuned key's stored engine "
+             "config against the configs native benchmark=False (first that runs, in heuristic order) and "
+             "benchmark=True (fastest of 10, one timing each) would run, all three then timed the same way: warmed "
+             "up, L2 flushed, interleaved rounds, median. Ratios are stored ÷ native; below 1 is faster.", ""]
+    rows = []
+    for case in audited:
+        a = case["audit"]
+        rows.append([workload_label(case["workload"]), str(a["keys"]), str(a["slower_than_native"]),
+                     str(a["faster_than_native"]), f"{a['geomean_vs_heuristic']:.3f}",
+                     f"{a['geomean_vs_benchmark']:.3f}",
+                     f"{a['stored_total_ms']:.2f} / {a['heuristic_total_ms']:.2f} / {a['benchmark_total_ms']:.2f} ms",
+                     f"{a['worst_ratio']:.3f}", f"{a['seconds']:.1f} s"])
+    return lines + table(["workload", "keys", f"slower > {AUDIT_NOISE:g}x", f"faster < 1/{AUDIT_NOISE:g}",
+                          "geomean ÷ heuristic", "geomean ÷ benchmark", "sum stored / heuristic / benchmark",
+                          "worst key ratio", "audit time"], rows)
+
+
 def overhead_table(overhead: Optional[dict]) -> List[str]:
     if overhead is None:
         return []
@@ -605,7 +667,7 @@ def overhead_table(overhead: Optional[dict]) -> List[str]:
     return lines + table(["call", "wall per call (incl. final synchronize)", "host per call (before it)"], rows)
 
 
-TARGET_FORMATS = {"s": (".2f", " s"), "ratio": (".2f", ""), "us": (".1f", " us")}
+TARGET_FORMATS = {"s": (".2f", " s"), "ratio": (".2f", ""), "us": (".1f", " us"), "count": ("d", "")}
 
 
 def targets_table(targets: List[dict]) -> List[str]:
@@ -636,6 +698,7 @@ def markdown(report: dict) -> str:
     lines += table(START_COLUMNS, [start_row(case) for case in report["cases"]])
     lines += ["", "## Steady state", ""]
     lines += table(STEADY_COLUMNS, [steady_row(case) for case in report["cases"]])
+    lines += audit_table(report["cases"])
     lines += overhead_table(report.get("overhead"))
     lines += targets_table(report.get("targets", []))
     lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
@@ -754,6 +817,10 @@ def parse_args(argv=None):
                         help=f"a subset of: {', '.join(MODES)} (default: all; cache_warm needs cache_cold)")
     parser.add_argument("--backend", choices=BACKENDS, default="graph",
                         help="cudnn_cache.set_backend for the cache modes and the overhead case (default graph)")
+    parser.add_argument("--audit", action="store_true",
+                        help="after cache_cold, time every tuned key against native's choices (cudnn_cache.audit)")
+    parser.add_argument("--tuning", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="cudnn_cache.set_tuning_options for the cache cases, e.g. flush_l2=0 max_candidates=5")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: --steps 20, --warmup 3 and the --quick workloads, unless given")
     parser.add_argument("--steps", type=int, help="steady steps timed per case (>= 20; default 30, --quick 20)")
@@ -781,6 +848,18 @@ def parse_args(argv=None):
     if "cache_warm" in args.modes and "cache_cold" not in args.modes:
         parser.error("cache_warm loads the file cache_cold writes: add cache_cold to --modes")
     args.workloads = list(dict.fromkeys(args.workloads))
+    tuning = {}
+    for item in args.tuning:
+        name, _, value = item.partition("=")
+        if not value:
+            parser.error(f"--tuning takes NAME=VALUE, got {item!r} (e.g. flush_l2=0)")
+        try:
+            tuning[name] = float(value) if name == "give_up_ratio" else int(value)
+        except ValueError:
+            parser.error(f"--tuning {name}: {value!r} is not a number")
+        if name == "flush_l2":
+            tuning[name] = bool(tuning[name])
+    args.tuning = tuning
     args.json = args.json or args.output_dir / "bench.json"
     return args
 
@@ -794,6 +873,7 @@ def main(argv=None) -> int:
     if args.case:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
+                "audit": args.audit, "tuning": args.tuning,
                 "steps": args.steps, "warmup": args.warmup, "timeout_s": args.timeout, "device": args.device}
     report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings)}
     report.update(run_all(args))

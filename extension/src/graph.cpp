@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -153,19 +155,51 @@ std::unordered_map<std::int64_t, void*> variant_pack(const ConvolutionBuffers& b
   return {{kUidX, buffers.x}, {kUidW, buffers.w}, {kUidY, buffers.y}};
 }
 
-// Median time of one built plan, per Note [Engine configs]; negative if it failed to run.
-float time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
-                void* workspace, std::int64_t index, const GraphSearchOptions& options) {
+// Scratch memory written before each timed run, so every candidate starts with its operands out of L2 (Note
+// [Engine configs]): back-to-back runs on L2-resident buffers favour configs that lose inside a network.
+class L2Flush {
+ public:
+  L2Flush(const WorkspaceAllocator& allocate, bool enabled) {
+    int device = 0, l2_bytes = 0;
+    if (!enabled || cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0) {
+      return;
+    }
+    bytes_ = 2 * static_cast<std::size_t>(l2_bytes);
+    buffer_ = allocate(bytes_);  // without memory for it, timing goes on unflushed
+  }
+  void operator()(cudaStream_t stream) const {
+    if (buffer_) cudaMemsetAsync(buffer_->data(), 0, bytes_, stream);
+  }
+
+ private:
+  std::size_t bytes_ = 0;
+  std::unique_ptr<Workspace> buffer_;
+};
+
+// How one built plan is timed.
+struct Timing {
+  int warmup = 0;
+  int repetitions = 1;
+  const L2Flush* flush = nullptr;  // null: not flushed (PyTorch's way)
+  float give_up_ms = std::numeric_limits<float>::infinity();
+};
+
+// Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
+// Stops after 3 runs whose fastest is slower than timing.give_up_ms: such a plan cannot win.
+std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
+                             void* workspace, std::int64_t index, const Timing& timing) {
   cudaStream_t stream = nullptr;
   cudnnGetStream(handle, &stream);
-  for (int i = 0; i < options.warmup; ++i) {
-    if (graph.execute_plan_at_index(handle, pack, workspace, index).is_bad()) return -1.0f;
+  for (int i = 0; i < timing.warmup; ++i) {
+    if (graph.execute_plan_at_index(handle, pack, workspace, index).is_bad()) return {};
   }
   cudaEvent_t start = nullptr, stop = nullptr;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<float> times;
-  for (int i = 0; i < options.repetitions; ++i) {
+  for (int i = 0; i < timing.repetitions; ++i) {
+    if (timing.flush) (*timing.flush)(stream);
     cudaEventRecord(start, stream);
     const bool ran = graph.execute_plan_at_index(handle, pack, workspace, index).is_good();
     cudaEventRecord(stop, stream);
@@ -176,15 +210,185 @@ float time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std
       break;
     }
     times.push_back(elapsed);
+    if (times.size() == 3 && *std::min_element(times.begin(), times.end()) > timing.give_up_ms) break;
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  if (times.empty()) return -1.0f;
+  return times;
+}
+
+float median(std::vector<float> times) {
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
 }
 
 bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % kAlignment == 0; }
+
+// The engine config of the graph's plan at `index`, without its time; nullopt if it cannot be replayed from
+// the cache (more knobs than a key stores, or a knob this cudnn-frontend cannot name, which comes back as
+// NOT_SET).
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index) {
+  EngineCandidate config;
+  std::int64_t workspace_bytes = 0;
+  std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
+  if (graph.get_workspace_size_plan_at_index(index, workspace_bytes).is_bad() ||
+      graph.get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad() || knobs.size() > kMaxKnobs ||
+      knobs.count(fe::KnobType_t::NOT_SET) > 0) {
+    return std::nullopt;
+  }
+  for (const auto& [type, value] : knobs) {
+    config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
+  }
+  std::sort(config.knobs.begin(), config.knobs.begin() + config.knob_count);
+  config.workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
+  std::vector<fe::BehaviorNote_t> notes;
+  if (graph.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
+    for (fe::BehaviorNote_t note : notes) config.behavior_notes |= 1 << static_cast<int>(note);
+  }
+  return config;
+}
+
+std::unordered_map<fe::KnobType_t, std::int64_t> knob_map(const EngineCandidate& config) {
+  std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
+  for (const Knob* knob = config.knobs_begin(); knob != config.knobs_end(); ++knob) {
+    knobs[static_cast<fe::KnobType_t>(knob->type)] = knob->value;
+  }
+  return knobs;
+}
+
+// Appends the config to the graph's plans; returns its index, or -1 if cuDNN does not take it.
+std::int64_t add_plan(Graph& graph, const EngineCandidate& config) {
+  if (graph.create_execution_plan(config.engine_id, knob_map(config)).is_bad()) return -1;
+  return graph.get_execution_plan_count() - 1;
+}
+
+// The operation graph with the configs of heuristics mode A and the fallback list, in that order, after the
+// numeric filters of Note [Engine configs].
+std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic) {
+  auto graph = operation_graph(handle, key);
+  check_status(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+               "create_execution_plans", key);
+  graph->deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  if (key.input.data_type == CUDNN_DATA_FLOAT && key.convolution.math_type == CUDNN_FMA_MATH) {
+    graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE});
+  }
+  if (deterministic) graph->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+  return graph;
+}
+
+// The first `count` configs of heuristics mode B that mode A ranks differently. Mode B costs more CPU time
+// per query, so it only adds candidates; an error (mode B does not support every graph) adds none.
+std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count) {
+  std::vector<EngineCandidate> configs;
+  if (count <= 0) return configs;
+  try {
+    auto graph = operation_graph(handle, key);
+    if (graph->create_execution_plans({fe::HeurMode_t::B}).is_bad()) return configs;
+    for (std::int64_t i = 0; i < graph->get_execution_plan_count() && static_cast<int>(configs.size()) < count; ++i) {
+      if (auto config = describe_plan(*graph, i)) configs.push_back(*config);
+    }
+  } catch (const Error&) {
+  }
+  return configs;
+}
+
+// Variants of `best` that change one knob to a neighbouring value cuDNN allows (Note [Engine configs]), at
+// most `count` of them, nearest values first.
+std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& best, int count) {
+  std::vector<EngineCandidate> variants;
+  std::vector<fe::Knob> ranges;
+  if (count <= 0 || graph.get_knobs_for_engine(best.engine_id, ranges).is_bad()) return variants;
+  for (int distance = 1; distance <= 2; ++distance) {
+    for (const fe::Knob& range : ranges) {
+      const auto type = static_cast<std::int64_t>(range.type);
+      Knob* knob = nullptr;
+      EngineCandidate variant = best;
+      for (int k = 0; k < variant.knob_count; ++k) {
+        if (variant.knobs[k].type == type) knob = &variant.knobs[k];
+      }
+      if (!knob || range.stride <= 0) continue;
+      for (const int sign : {1, -1}) {
+        const std::int64_t value = knob->value + sign * distance * range.stride;
+        if (value < range.minValue || value > range.maxValue) continue;
+        EngineCandidate changed = variant;
+        for (int k = 0; k < changed.knob_count; ++k) {
+          if (changed.knobs[k].type == type) changed.knobs[k].value = value;
+        }
+        variants.push_back(changed);
+        if (static_cast<int>(variants.size()) == count) return variants;
+      }
+    }
+  }
+  return variants;
+}
+
+// A search's state: the graph whose plans are timed, and what has been timed so far.
+class EngineSearch {
+ public:
+  EngineSearch(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+               const WorkspaceAllocator& allocate, const GraphSearchOptions& options)
+      : handle_(handle),
+        allocate_(allocate),
+        options_(options),
+        graph_(heuristic_graph(handle, key, options.deterministic)),
+        pack_(variant_pack(buffers)),
+        flush_(allocate, options.flush_l2) {}
+
+  Graph& graph() { return *graph_; }
+  std::shared_ptr<Graph> take_graph() { return std::move(graph_); }
+
+  // Builds and times the plan at `index` unless a plan of that name was timed already; returns whether it
+  // was timed and ran.
+  bool time(std::int64_t index) {
+    std::string name;
+    if (graph_->get_plan_name_at_index(index, name).is_bad() || !names_.insert(name).second) return false;
+    if (graph_->build_plan_at_index(index).is_bad()) return false;  // not supported, or filtered out
+    std::optional<EngineCandidate> config = describe_plan(*graph_, index);
+    if (!config) return false;
+    std::unique_ptr<Workspace> workspace;
+    if (config->workspace_bytes > 0 && !(workspace = allocate_(config->workspace_bytes))) return false;  // OOM
+    Timing timing{options_.warmup, options_.repetitions, &flush_};
+    if (best_ms_ < std::numeric_limits<float>::infinity()) timing.give_up_ms = best_ms_ * options_.give_up_ratio;
+    const std::vector<float> times =
+        time_plan(*graph_, handle_, pack_, workspace ? workspace->data() : nullptr, index, timing);
+    if (times.empty()) return false;
+    config->time_ms = median(times);
+    best_ms_ = std::min(best_ms_, config->time_ms);
+    configs_.push_back(*config);
+    indices_.push_back(index);
+    return true;
+  }
+
+  // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the graph index of
+  // each.
+  std::pair<std::vector<EngineCandidate>, std::vector<std::int64_t>> ranked() const {
+    std::vector<std::size_t> order(configs_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return ranks_before<GraphForwardTraits>(configs_[a], configs_[b]);
+    });
+    std::pair<std::vector<EngineCandidate>, std::vector<std::int64_t>> result;
+    for (std::size_t i : order) {
+      result.first.push_back(configs_[i]);
+      result.second.push_back(indices_[i]);
+    }
+    return result;
+  }
+
+  std::size_t timed() const { return configs_.size(); }
+
+ private:
+  cudnnHandle_t handle_;
+  const WorkspaceAllocator& allocate_;
+  GraphSearchOptions options_;
+  std::shared_ptr<Graph> graph_;
+  std::unordered_map<std::int64_t, void*> pack_;
+  L2Flush flush_;
+  std::set<std::string> names_;  // of the plans timed: the heuristic lists overlap
+  std::vector<EngineCandidate> configs_;
+  std::vector<std::int64_t> indices_;
+  float best_ms_ = std::numeric_limits<float>::infinity();
+};
 
 }  // namespace
 
@@ -194,73 +398,116 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                                                 std::shared_ptr<const GraphPlan>* best_plan) {
   CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
                       "cuDNN graph API: buffers must be 16-byte aligned for ", key);
-  auto graph = operation_graph(handle, key);
-  check_status(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
-               "create_execution_plans", key);
-  graph->deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
-  if (key.input.data_type == CUDNN_DATA_FLOAT && key.convolution.math_type == CUDNN_FMA_MATH) {
-    graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE});
+  EngineSearch search(handle, key, buffers, allocate, options);
+  Graph& graph = search.graph();
+  // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run.
+  const std::int64_t heuristic_count = graph.get_execution_plan_count();
+  for (std::int64_t index = 0;
+       index < heuristic_count && static_cast<int>(search.timed()) < options.max_candidates; ++index) {
+    search.time(index);
   }
-  if (options.deterministic) graph->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
-
-  auto pack = variant_pack(buffers);
-  std::set<std::string> timed;  // heuristics A and the fallback list overlap: time each plan name once
-  std::vector<EngineCandidate> configs;
-  std::vector<std::int64_t> indices;  // of configs[i]'s plan in the graph
-  const std::int64_t count = graph->get_execution_plan_count();
-  for (std::int64_t index = 0; index < count && static_cast<int>(configs.size()) < options.max_candidates; ++index) {
-    std::string name;
-    if (graph->get_plan_name_at_index(index, name).is_bad() || !timed.insert(name).second) continue;
-    if (graph->build_plan_at_index(index).is_bad()) continue;  // not supported, or filtered out
-    EngineCandidate config;
-    std::int64_t workspace_bytes = 0;
-    std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
-    if (graph->get_workspace_size_plan_at_index(index, workspace_bytes).is_bad() ||
-        graph->get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad() || knobs.size() > kMaxKnobs) {
-      continue;
-    }
-    // A knob this cudnn-frontend cannot name comes back as NOT_SET and cannot be replayed: such a config
-    // could never be rebuilt from the cache, so it is not offered.
-    if (knobs.count(fe::KnobType_t::NOT_SET) > 0) continue;
-    for (const auto& [type, value] : knobs) {
-      config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
-    }
-    std::sort(config.knobs.begin(), config.knobs.begin() + config.knob_count);
-    config.workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
-    std::vector<fe::BehaviorNote_t> notes;
-    if (graph->get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
-      for (fe::BehaviorNote_t note : notes) config.behavior_notes |= 1 << static_cast<int>(note);
-    }
-    std::unique_ptr<Workspace> workspace;
-    if (workspace_bytes > 0 && !(workspace = allocate(config.workspace_bytes))) continue;  // out of memory
-    config.time_ms = time_plan(*graph, handle, pack, workspace ? workspace->data() : nullptr, index, options);
-    if (config.time_ms >= 0.0f) {
-      configs.push_back(config);
-      indices.push_back(index);
-    }
+  // 2. Mode B's first picks, where they are not among those.
+  for (const EngineCandidate& config : mode_b_configs(handle, key, options.mode_b_candidates)) {
+    const std::int64_t index = add_plan(graph, config);
+    if (index >= 0) search.time(index);
   }
-  CUDNN_CACHE_REQUIRE(!configs.empty(), "cuDNN graph API: no engine config runs ", key);
-  std::vector<std::size_t> order(configs.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return ranks_before<GraphForwardTraits>(configs[a], configs[b]); });
-  std::vector<EngineCandidate> ranked;
-  for (std::size_t i : order) ranked.push_back(configs[i]);
+  CUDNN_CACHE_REQUIRE(search.timed() > 0, "cuDNN graph API: no engine config runs ", key);
+  // 3. The best so far with one knob moved to a neighbouring value, unless cuDNN compiles it at run time
+  //    (each variant would be another compilation of 50-200 ms).
+  const EngineCandidate best = search.ranked().first.front();
+  const int variants = (best.behavior_notes & EngineCandidate::kRuntimeCompiled) ? 0 : options.knob_variants;
+  for (const EngineCandidate& variant : knob_variants(graph, best, variants)) {
+    const std::int64_t index = add_plan(graph, variant);
+    if (index >= 0) search.time(index);
+  }
+  auto [ranked, indices] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize().
-  if (best_plan && graph->build_plan_at_index(indices[order.front()]).is_good()) {
+  if (best_plan && graph.build_plan_at_index(indices.front()).is_good()) {
     *best_plan = std::shared_ptr<const GraphPlan>(
-        new GraphPlan(static_cast<Direction>(key.direction), std::move(graph), ranked.front().workspace_bytes));
+        new GraphPlan(static_cast<Direction>(key.direction), search.take_graph(), ranked.front().workspace_bytes));
   }
   return ranked;
 }
 
+ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                                const WorkspaceAllocator& allocate, const EngineCandidate& stored,
+                                const GraphSearchOptions& options) {
+  CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
+                      "cuDNN graph API: buffers must be 16-byte aligned for ", key);
+  auto graph = heuristic_graph(handle, key, options.deterministic);
+  auto pack = variant_pack(buffers);
+  ChoiceAudit audit;
+  std::int64_t heuristic_index = -1, benchmark_index = -1;
+  float benchmark_sample = std::numeric_limits<float>::infinity();
+  std::set<std::string> names;
+  // PyTorch's two modes over the same list: benchmark=False runs the first plan that builds and runs;
+  // benchmark=True times the first cudnn.benchmark_limit (10) that build, once each after one warm-up run.
+  const std::int64_t count = graph->get_execution_plan_count();
+  for (std::int64_t index = 0; index < count && static_cast<int>(names.size()) < options.max_candidates; ++index) {
+    std::string name;
+    if (graph->get_plan_name_at_index(index, name).is_bad() || graph->build_plan_at_index(index).is_bad() ||
+        !names.insert(name).second) {
+      continue;
+    }
+    std::optional<EngineCandidate> config = describe_plan(*graph, index);
+    std::unique_ptr<Workspace> workspace;
+    if (!config || (config->workspace_bytes > 0 && !(workspace = allocate(config->workspace_bytes)))) continue;
+    const std::vector<float> sample =
+        time_plan(*graph, handle, pack, workspace ? workspace->data() : nullptr, index, Timing{1, 1});
+    if (sample.empty()) continue;
+    if (heuristic_index < 0) {
+      heuristic_index = index;
+      audit.heuristic.config = *config;
+    }
+    if (sample.front() < benchmark_sample) {
+      benchmark_sample = sample.front();
+      benchmark_index = index;
+      audit.benchmark.config = *config;
+    }
+  }
+  CUDNN_CACHE_REQUIRE(heuristic_index >= 0, "cuDNN graph API: no engine config runs ", key);
+  const std::int64_t stored_index = add_plan(*graph, stored);
+  CUDNN_CACHE_REQUIRE(stored_index >= 0 && graph->build_plan_at_index(stored_index).is_good(),
+                      "cuDNN graph API: the stored ", to_string(stored), " does not build for ", key);
+  audit.stored.config = describe_plan(*graph, stored_index).value_or(stored);
+
+  // Then all three the same way, in rounds, so drift in clocks or temperature affects each alike.
+  L2Flush flush(allocate, options.flush_l2);
+  struct Contender {
+    std::int64_t index;
+    ChoiceAudit::Choice* choice;
+    std::unique_ptr<Workspace> workspace;
+    std::vector<float> times;
+  };
+  std::vector<Contender> contenders;
+  for (auto [index, choice] : {std::pair{stored_index, &audit.stored}, std::pair{heuristic_index, &audit.heuristic},
+                               std::pair{benchmark_index, &audit.benchmark}}) {
+    Contender contender{index, choice, nullptr, {}};
+    const std::uint64_t bytes = choice->config.workspace_bytes;
+    CUDNN_CACHE_REQUIRE(bytes == 0 || (contender.workspace = allocate(bytes)), "out of memory for a ", bytes,
+                        "-byte workspace while auditing ", key);
+    contenders.push_back(std::move(contender));
+  }
+  for (int round = 0; round < options.repetitions; ++round) {
+    for (Contender& contender : contenders) {
+      void* workspace = contender.workspace ? contender.workspace->data() : nullptr;
+      const std::vector<float> times = time_plan(*graph, handle, pack, workspace, contender.index,
+                                                 Timing{round == 0 ? options.warmup : 0, 1, &flush});
+      CUDNN_CACHE_REQUIRE(!times.empty(), "cuDNN graph API: ", to_string(contender.choice->config),
+                          " failed to run while auditing ", key);
+      contender.times.push_back(times.front());
+    }
+  }
+  for (Contender& contender : contenders) {
+    contender.choice->time_ms = median(contender.times);
+    contender.choice->config.time_ms = contender.choice->time_ms;
+  }
+  return audit;
+}
+
 GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config)
     : direction_(static_cast<Direction>(key.direction)), graph_(operation_graph(handle, key)) {
-  std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
-  for (const Knob* knob = config.knobs_begin(); knob != config.knobs_end(); ++knob) {
-    knobs[static_cast<fe::KnobType_t>(knob->type)] = knob->value;
-  }
-  check_status(graph_->create_execution_plan(config.engine_id, knobs), "create_execution_plan", key);
+  check_status(graph_->create_execution_plan(config.engine_id, knob_map(config)), "create_execution_plan", key);
   check_status(graph_->build_plan_at_index(graph_->get_execution_plan_count() - 1), "build_plan", key);
   std::int64_t bytes = 0;
   check_status(graph_->get_workspace_size(bytes), "get_workspace_size", key);

@@ -259,9 +259,10 @@ namespace {
 template <Direction D>
 Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                                      const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
-                                     PlanCache& plans, PlanStore& stored) {
+                                     const GraphSearchOptions& options, PlanCache& plans, PlanStore& stored) {
   std::shared_ptr<const GraphPlan> best_plan;
-  const std::vector<EngineCandidate> configs = search_engine_configs(handle, key, buffers, allocate, {}, &best_plan);
+  const std::vector<EngineCandidate> configs =
+      search_engine_configs(handle, key, buffers, allocate, options, &best_plan);
   if (best_plan) plans.adopt(device, key, configs.front(), std::move(best_plan), stored);
   return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
 }
@@ -420,6 +421,25 @@ void Runtime::set_backend(Backend backend) {
   backend_ = backend;
 }
 
+void Runtime::set_search_options(const GraphSearchOptions& options) {
+  const auto check = [](bool valid, const char* field, double value, const char* expected) {
+    CUDNN_CACHE_REQUIRE(valid, "tuning option ", field, " must be ", expected, ", got ", value);
+  };
+  check(options.warmup >= 0, "warmup", options.warmup, ">= 0");
+  check(options.repetitions >= 1, "repetitions", options.repetitions, ">= 1");
+  check(options.max_candidates >= 1, "max_candidates", options.max_candidates, ">= 1");
+  check(options.mode_b_candidates >= 0, "mode_b_candidates", options.mode_b_candidates, ">= 0");
+  check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
+  check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
+  std::lock_guard lock(mutex_);
+  search_options_ = options;
+}
+
+GraphSearchOptions Runtime::search_options() const {
+  std::lock_guard lock(mutex_);
+  return search_options_;
+}
+
 Stats Runtime::stats() const {
   return {hits_.load(),
           misses_.load(),
@@ -514,7 +534,7 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const std::optional<Ranking<GraphTraits<D>>> ranking =
       lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "engine config",
-             [&] { return search_graph<D>(handle, device, key, buffers, allocate, *plans_, caches.plans); });
+             [&] { return search_graph<D>(handle, device, key, buffers, allocate, search_options(), *plans_, caches.plans); });
   std::string why_not = "heuristic miss policy";
   if (ranking) {
     PlanStore& stored = caches.plans;
@@ -558,7 +578,7 @@ Ranking<GraphTraits<D>> Runtime::tune_graph(cudnnHandle_t handle, int device, co
   DirectionCaches& caches = caches_for_device(device);
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const Ranking<GraphTraits<D>> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_}, [&] {
-    return search_graph<D>(handle, device, key, buffers, allocate, *plans_, caches.plans);
+    return search_graph<D>(handle, device, key, buffers, allocate, search_options(), *plans_, caches.plans);
   });
   log_tune(*this, key, ranking, "engine config");
   cache.insert(key, ranking);

@@ -48,3 +48,28 @@ TEST_CASE("log levels parse, gate messages, and reach the handler", "[runtime][l
   REQUIRE(seen.size() == 1);
   CHECK(seen[0] == std::make_pair(LogLevel::info, std::string("shown")));
 }
+
+TEST_CASE("search options are kept, and values out of range are refused naming the field", "[runtime][search]") {
+  Runtime runtime;
+  GraphSearchOptions options;
+  options.repetitions = 11;
+  options.flush_l2 = false;
+  options.knob_variants = 0;
+  runtime.set_search_options(options);
+  CHECK(runtime.search_options().repetitions == 11);
+  CHECK_FALSE(runtime.search_options().flush_l2);
+  CHECK(runtime.search_options().knob_variants == 0);
+
+  const auto refused = [&](auto change, const char* field) {
+    GraphSearchOptions bad = options;
+    change(bad);
+    CHECK_THROWS_WITH(runtime.set_search_options(bad), Contains(std::string("tuning option ") + field));
+    CHECK(runtime.search_options().repetitions == 11);  // unchanged
+  };
+  refused([](GraphSearchOptions& o) { o.repetitions = 0; }, "repetitions");
+  refused([](GraphSearchOptions& o) { o.warmup = -1; }, "warmup");
+  refused([](GraphSearchOptions& o) { o.max_candidates = 0; }, "max_candidates");
+  refused([](GraphSearchOptions& o) { o.mode_b_candidates = -2; }, "mode_b_candidates");
+  refused([](GraphSearchOptions& o) { o.knob_variants = -1; }, "knob_variants");
+  refused([](GraphSearchOptions& o) { o.give_up_ratio = 0.5f; }, "give_up_ratio");
+}

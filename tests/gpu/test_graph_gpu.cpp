@@ -459,6 +459,93 @@ TEST_CASE("a stored config whose workspace cannot be allocated falls back to the
   check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
 }
 
+namespace {
+
+GraphSearchOptions only_heuristics(int max_candidates) {
+  GraphSearchOptions options;
+  options.max_candidates = max_candidates;
+  options.mode_b_candidates = 0;
+  options.knob_variants = 0;
+  return options;
+}
+
+bool distinct_choices(const std::vector<EngineCandidate>& configs) {
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    for (std::size_t j = i + 1; j < configs.size(); ++j) {
+      if (configs[i].same_choice(configs[j])) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob variants", "[gpu][graph][search]") {
+  Handle handle;
+  const Problem problem = problems()[1];
+  std::mt19937 random(13);
+  Operands operands(problem.key, random);
+  const auto search = [&](const GraphSearchOptions& options) {
+    return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options);
+  };
+
+  const std::vector<EngineCandidate> first = search(only_heuristics(1));
+  REQUIRE(first.size() == 1);
+
+  GraphSearchOptions with_variants = only_heuristics(1);
+  with_variants.knob_variants = 4;
+  const std::vector<EngineCandidate> variants = search(with_variants);
+  INFO(variants.size() << " configs for " << problem.key);
+  CHECK(variants.size() <= 5);
+  CHECK(distinct_choices(variants));
+  for (const EngineCandidate& config : variants) {
+    CHECK(config.engine_id == first.front().engine_id);  // the heuristic's pick and its knob neighbours only
+    CHECK(config.knob_count == first.front().knob_count);
+  }
+
+  GraphSearchOptions with_mode_b = only_heuristics(1);
+  with_mode_b.mode_b_candidates = 3;
+  const std::vector<EngineCandidate> mode_b = search(with_mode_b);
+  CHECK(mode_b.size() >= 1);
+  CHECK(mode_b.size() <= 4);
+  CHECK(distinct_choices(mode_b));
+
+  const std::vector<EngineCandidate> all = search({});
+  CHECK(all.size() >= search(only_heuristics(10)).size());
+  CHECK(distinct_choices(all));
+}
+
+TEST_CASE("audit times the stored config against the configs both native modes pick", "[gpu][graph][audit]") {
+  Handle handle;
+  for (const Problem& problem : {problems()[0], problems()[1]}) {
+    INFO(problem.name);
+    std::mt19937 random(14);
+    Operands operands(problem.key, random);
+    const std::vector<EngineCandidate> stored = search_engine_configs(handle.handle, problem.key, operands.buffers(),
+                                                                      allocate);
+    const ChoiceAudit audit =
+        audit_engine_choice(handle.handle, problem.key, operands.buffers(), allocate, stored.front());
+    CHECK(audit.stored.config.same_choice(stored.front()));
+    for (const ChoiceAudit::Choice* choice : {&audit.stored, &audit.heuristic, &audit.benchmark}) {
+      CHECK(choice->time_ms > 0.0f);
+      CHECK(choice->config.time_ms == choice->time_ms);
+    }
+    // benchmark=False runs the first config of the heuristic order that runs: the one-candidate search's.
+    const std::vector<EngineCandidate> heuristic_order =
+        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, only_heuristics(10));
+    const std::vector<EngineCandidate> first =
+        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, only_heuristics(1));
+    CHECK(audit.heuristic.config.same_choice(first.front()));
+    // benchmark=True picks among the same ten.
+    CHECK(std::any_of(heuristic_order.begin(), heuristic_order.end(),
+                      [&](const EngineCandidate& c) { return c.same_choice(audit.benchmark.config); }));
+    // A stored config cuDNN cannot build is an Error, not a crash.
+    EngineCandidate unknown = stored.front();
+    unknown.engine_id = 1 << 20;
+    CHECK_THROWS_AS(audit_engine_choice(handle.handle, problem.key, operands.buffers(), allocate, unknown), Error);
+  }
+}
+
 int main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -51,16 +51,17 @@ def build_dir() -> pathlib.Path:
 
 @pytest.fixture
 def cache_state():
-    """Restores the process-wide cache state a test may change: the miss policy, the backend, the entries
-    (cleared before and after) and the counters."""
+    """Restores the process-wide cache state a test may change: the miss policy, the backend, the tuning
+    options, the entries (cleared before and after) and the counters."""
     import cudnn_cache
 
-    policy, backend = cudnn_cache.miss_policy(), cudnn_cache.backend()
+    policy, backend, tuning = cudnn_cache.miss_policy(), cudnn_cache.backend(), cudnn_cache.tuning_options()
     cudnn_cache.clear()
     cudnn_cache.reset_stats()
     yield cudnn_cache
     cudnn_cache.set_miss_policy(policy)
     cudnn_cache.set_backend(backend)
+    cudnn_cache.set_tuning_options(**tuning)
     cudnn_cache.clear()
     cudnn_cache.reset_stats()
 

@@ -252,7 +252,8 @@ def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("arguments", [["--steps", "10"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
-                                       ["--workloads", "vgg"], ["--timeout", "0"], ["--backend", "cudnn"]])
+                                       ["--workloads", "vgg"], ["--timeout", "0"], ["--backend", "cudnn"],
+                                       ["--tuning", "flush_l2"], ["--tuning", "repetitions=many"]])
 def test_bad_arguments_exit_2(arguments):
     with pytest.raises(SystemExit) as raised:
         bench.parse_args(arguments)
@@ -265,6 +266,37 @@ def test_default_arguments():
     assert (args.steps, args.warmup, args.device, args.backend, args.quick) == (30, 5, "cuda", "graph", False)
     assert args.json == args.output_dir / "bench.json" and args.output_dir == ROOT / "docs"
     assert list(bench.WORKLOADS).index("mobilenet_v2_bf16_cl") == list(bench.WORKLOADS).index("resnet18_fp16_cl") + 1
+
+
+def test_tuning_arguments_are_typed_and_passed_to_each_case():
+    args = bench.parse_args(["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "--audit"])
+    assert args.tuning == {"flush_l2": False, "repetitions": 9, "give_up_ratio": 2.5} and args.audit
+    command = bench.case_command("seed:cache_cold", args, None)
+    assert command[-4:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5"]
+    assert "--audit" in command
+    assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
+
+
+def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
+    def row(stored, heuristic, benchmark, key):
+        return {"direction": "forward", "key": key, "stored_ms": stored, "heuristic_ms": heuristic,
+                "benchmark_ms": benchmark, "stored_engine": "engine 1", "heuristic_engine": "engine 2",
+                "benchmark_engine": "engine 3"}
+
+    rows = [row(1.0, 1.0, 1.0, "tie"), row(1.01, 1.0, 2.0, "within noise"), row(1.5, 1.0, 1.2, "slower"),
+            row(0.5, 1.0, 1.0, "faster")]
+    summary = bench.summarize_audit(rows)
+    assert summary["keys"] == 4 and summary["slower_than_native"] == 1 and summary["faster_than_native"] == 1
+    assert summary["worst_ratio"] == pytest.approx(1.5) and summary["worst_key"] == "forward slower"
+    assert summary["geomean_vs_heuristic"] == pytest.approx((1.0 * 1.01 * 1.5 * 0.5) ** 0.25)
+    assert summary["stored_total_ms"] == pytest.approx(4.01)
+    assert bench.summarize_audit([]) == {"keys": 0, "rows": []}
+
+    summary["seconds"] = 3.0
+    case = {"workload": "seed", "mode": "cache_cold", "audit": summary}
+    lines = bench.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
+    assert "## Per-key audit" in lines and any(bench.workload_label("seed") in line and "| 4 | 1 | 1 |" in line for line in lines)
+    assert bench.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
 
 
 def test_quick_arguments():

@@ -559,6 +559,30 @@ def test_prepare_rejects_negative_threads():
         cudnn_cache.prepare(threads=-1)
 
 
+def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
+    assert cudnn_cache.tuning_options() == {"warmup": 3, "repetitions": 7, "max_candidates": 10,
+                                            "mode_b_candidates": 3, "knob_variants": 4, "flush_l2": True,
+                                            "give_up_ratio": 1.5}
+    cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False)
+    options = cudnn_cache.tuning_options()
+    assert options["repetitions"] == 11 and options["flush_l2"] is False and options["warmup"] == 3
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['repeats'\]"):
+        cudnn_cache.set_tuning_options(repeats=5)
+    with pytest.raises(RuntimeError, match="tuning option repetitions must be >= 1, got 0"):
+        cudnn_cache.set_tuning_options(repetitions=0)
+    with pytest.raises(RuntimeError, match="max_candidates must be between 0 and 1000"):
+        cudnn_cache.set_tuning_options(max_candidates=-1)
+    with pytest.raises(RuntimeError, match="give_up_ratio must be >= 1"):
+        cudnn_cache.set_tuning_options(give_up_ratio=0.9)
+    assert cudnn_cache.tuning_options() == options  # a refused change changes nothing
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers audit")
+def test_audit_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="audit: no CUDA device"):
+        cudnn_cache.audit()
+
+
 def test_waiting_for_a_prepare_never_started_says_so():
     with pytest.raises(RuntimeError, match="no background prepare was started"):
         cudnn_cache.Preparation().wait()

@@ -252,6 +252,44 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
     assert cudnn_cache.query("backward_data", cudnn_cache.conv_key("backward_data", x, w, *args)) is None
 
 
+def test_tuning_options_bound_what_a_search_stores():
+    x, w = randn(4, 16, 16, 16, dtype=torch.float16), randn(32, 16, 3, 3, dtype=torch.float16)
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    key = cudnn_cache.conv_key("forward", x, w, *args)
+    cudnn_cache.set_tuning_options(max_candidates=1, mode_b_candidates=0, knob_variants=0)
+    ops.convolution(x, w, None, *args)
+    only = cudnn_cache.query("forward", key)
+    assert len(only) == 1
+
+    cudnn_cache.clear()
+    cudnn_cache.set_tuning_options(knob_variants=4)  # the one heuristic pick and its knob neighbours
+    expected = F.conv2d(x, w, None, *args)
+    assert_close_scaled(ops.convolution(x, w, None, *args), expected, TOLERANCE[torch.float16], "knob variant")
+    ranking = cudnn_cache.query("forward", key)
+    assert 1 <= len(ranking) <= 5
+    assert {entry["engine_id"] for entry in ranking} == {only[0]["engine_id"]}
+    assert len({tuple(entry["knobs"]) for entry in ranking}) == len(ranking)
+
+
+def test_audit_times_every_entry_against_the_native_choices():
+    x, w = randn(8, 32, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last), randn(
+        64, 32, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last)
+    x.requires_grad_()
+    w.requires_grad_()
+    cudnn_cache.functional.conv2d(x, w, padding=1).sum().backward()
+    rows = cudnn_cache.audit()
+    assert sorted(row["direction"] for row in rows) == ["backward_data", "backward_filter", "forward"]
+    for row in rows:
+        direction = row["direction"]
+        stored = cudnn_cache.query(direction, cudnn_cache.conv_key(direction, x, w, [1, 1], [1, 1], [1, 1], 1))
+        assert row["stored_engine"] == stored[0]["engine"]
+        for choice in ("stored", "heuristic", "benchmark"):
+            assert row[f"{choice}_ms"] > 0 and row[f"{choice}_engine"].startswith("engine ")
+    assert cudnn_cache.audit(device=0) is not None
+    with pytest.raises(RuntimeError, match="device 99 does not exist"):
+        cudnn_cache.audit(device=99)
+
+
 @pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.bfloat16, True),
                                                   (torch.float16, True)], ids=["fp32", "bf16_nhwc", "fp16_nhwc"])
 def test_legacy_backend_matches_native(dtype, channels_last):

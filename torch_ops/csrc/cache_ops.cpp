@@ -224,6 +224,42 @@ void set_backend(const std::string& backend) {
 
 std::string get_backend() { return to_string(Runtime::instance().backend()); }
 
+// Changes the named fields of the graph API's search options; the others keep their values.
+void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::int64_t> repetitions,
+                        std::optional<std::int64_t> max_candidates, std::optional<std::int64_t> mode_b_candidates,
+                        std::optional<std::int64_t> knob_variants, std::optional<bool> flush_l2,
+                        std::optional<double> give_up_ratio) {
+  Runtime& runtime = Runtime::instance();
+  GraphSearchOptions options = runtime.search_options();
+  const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
+    if (!value) return;
+    TORCH_CHECK(*value >= 0 && *value <= 1000, "cudnn_cache.set_tuning_options: ", name,
+                " must be between 0 and 1000, got ", *value);
+    field = static_cast<int>(*value);
+  };
+  narrow(warmup, options.warmup, "warmup");
+  narrow(repetitions, options.repetitions, "repetitions");
+  narrow(max_candidates, options.max_candidates, "max_candidates");
+  narrow(mode_b_candidates, options.mode_b_candidates, "mode_b_candidates");
+  narrow(knob_variants, options.knob_variants, "knob_variants");
+  if (flush_l2) options.flush_l2 = *flush_l2;
+  if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
+  rethrow([&] { runtime.set_search_options(options); });
+}
+
+c10::Dict<std::string, c10::IValue> get_tuning_options() {
+  const GraphSearchOptions options = Runtime::instance().search_options();
+  CandidateDict result = candidate_dict();
+  result.insert("warmup", static_cast<std::int64_t>(options.warmup));
+  result.insert("repetitions", static_cast<std::int64_t>(options.repetitions));
+  result.insert("max_candidates", static_cast<std::int64_t>(options.max_candidates));
+  result.insert("mode_b_candidates", static_cast<std::int64_t>(options.mode_b_candidates));
+  result.insert("knob_variants", static_cast<std::int64_t>(options.knob_variants));
+  result.insert("flush_l2", options.flush_l2);
+  result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
+  return result;
+}
+
 void set_log_level(const std::string& level) {
   Runtime::instance().set_log_level(rethrow([&] { return log_level_from_string(level); }));
 }
@@ -280,6 +316,8 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("get_miss_policy", &get_miss_policy);
   m.impl("set_backend", &set_backend);
   m.impl("get_backend", &get_backend);
+  m.impl("set_tuning_options", &set_tuning_options);
+  m.impl("get_tuning_options", &get_tuning_options);
   m.impl("set_log_level", &set_log_level);
   m.impl("get_log_level", &get_log_level);
   m.impl("prepare", &prepare);

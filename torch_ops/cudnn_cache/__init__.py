@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -54,10 +54,11 @@ FORMAT_VERSION = _ops.format_version()  # the cache file format this build write
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation",
-    "active_file", "backend",
+    "active_file", "audit", "backend",
     "clear", "conv_key", "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill",
     "functional", "library_path", "load", "log_level", "logger", "miss_policy", "persistent", "prepare", "query",
-    "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "size", "stats",
+    "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "set_tuning_options", "size",
+    "stats", "tuning_options",
 ]
 
 
@@ -118,6 +119,37 @@ def set_backend(backend: str) -> None:
 def backend() -> str:
     """The current backend: 'graph' or 'legacy'."""
     return _ops.get_backend()
+
+
+def set_tuning_options(**options) -> None:
+    """How later graph-API searches time candidates; the fields not named keep their values:
+
+    - warmup (3): untimed runs of each candidate first; repetitions (7): timed runs, the median is kept;
+    - max_candidates (10): configs of cuDNN's heuristics (mode A, then the fallback list) built and timed;
+    - mode_b_candidates (3): then heuristics mode B's first picks; knob_variants (4): then the best config so
+      far with one knob moved to a neighbouring value;
+    - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
+    - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best.
+    """
+    unknown = set(options) - set(tuning_options())
+    if unknown:
+        raise TypeError(f"set_tuning_options: unknown option(s) {sorted(unknown)}; "
+                        f"the options are {sorted(tuning_options())}")
+    _ops.set_tuning_options(**options)
+
+
+def tuning_options() -> Dict[str, Any]:
+    """The graph-API search's options (see set_tuning_options)."""
+    return dict(_ops.get_tuning_options())
+
+
+def audit(device: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Times each graph-API entry of `device` (default: the current CUDA device) against the engine configs
+    native PyTorch would run for it, all measured the same way (warmed up, L2 flushed, interleaved rounds, the
+    median of `repetitions`), on random operands. One dict per entry: direction, key, and for 'stored' (the
+    cache's choice), 'heuristic' (cudnn.benchmark=False) and 'benchmark' (cudnn.benchmark=True, PyTorch's
+    single timing) the engine config (`*_engine`) and its time (`*_ms`)."""
+    return [dict(row) for row in _ops.audit(device)]
 
 
 class Preparation:

@@ -9,15 +9,31 @@
 // the graph API is searched directly. A candidate is an engine config: cuDNN's global engine index plus its
 // knob choices. That pair rebuilds the same execution plan in another process
 // (Graph::create_execution_plan), and it only means something for the cuDNN release and GPU it was found on,
-// which is why rankings live under an Origin. Candidates come from heuristics mode A and the fallback list
-// (they overlap, so each plan name is timed once), after the filters PyTorch applies too: no down-converting
-// inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
-// engines only when asked. The first `max_candidates` that build, in heuristic order, are timed: building a
-// plan costs milliseconds (and 50-200 ms for an engine cuDNN compiles at run time), so building all of them
-// made tuning slower than PyTorch's benchmark mode, which stops at cudnn.benchmark_limit (10) as well. Each
-// candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs, then the
-// median of `repetitions` runs timed with CUDA events on the handle's stream. PyTorch's benchmark mode times
-// one run per candidate, so a single lucky or unlucky sample decides (docs/PERFORMANCE.md).
+// which is why rankings live under an Origin.
+//
+// Candidates, in the order they are timed (GraphSearchOptions bounds each step):
+//   1. heuristics mode A, then the fallback list, after the filters PyTorch applies too: no down-converting
+//      inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
+//      engines only when asked. The lists overlap, so each plan name is timed once. The first
+//      `max_candidates` that build are timed: building a plan costs milliseconds (50-200 ms for an engine
+//      cuDNN compiles at run time), so building all of them made tuning slower than PyTorch's benchmark mode,
+//      which stops at cudnn.benchmark_limit (10) as well;
+//   2. heuristics mode B's first `mode_b_candidates` picks: a second opinion, at more CPU time per query;
+//   3. the best config so far with one knob moved to a neighbouring value (each knob's range and step come
+//      from cuDNN; nearest values first, `knob_variants` of them). Heuristics give each engine one knob
+//      setting; this bounded local search finds the tile or split a shape prefers. Runtime-compiled engines
+//      are skipped: every variant would be another compilation.
+//
+// Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs,
+// then the median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing
+// twice the L2 cache's size (flush_l2). In a network a layer's operands come from other layers and rarely sit
+// in L2; back-to-back runs on the same buffers keep them there, and favour configs that lose inside the
+// network (docs/PERFORMANCE.md). A candidate whose first 3 runs are all slower than give_up_ratio x the best
+// median so far stops there: it cannot win, and slow candidates are where tuning time goes.
+//
+// PyTorch's benchmark mode times one run per candidate, with no warm-up beyond one and operands in L2, so a
+// single lucky or unlucky sample decides. audit_engine_choice measures a stored choice against the configs
+// both native modes would pick, the same way for all three, interleaved in rounds.
 //
 // Tensors are described with 16-byte alignment (cudnn-frontend's default); GraphPlan::execute refuses
 // buffers that are not, so the caller can fall back to the legacy path.
@@ -36,14 +52,6 @@ class Graph;
 }
 
 namespace cudnn_cache {
-
-// How search_engine_configs times candidates.
-struct GraphSearchOptions {
-  int warmup = 3;
-  int repetitions = 7;
-  int max_candidates = 10;  // configs built and timed, in cuDNN's heuristic order
-  bool deterministic = false;
-};
 
 // Times every engine config cuDNN offers for the key on the buffers and returns them ranked (Note
 // [Selection, merge and fallback policy]). The direction's output buffer is overwritten. Throws Error if cuDNN
@@ -88,6 +96,25 @@ class GraphPlan {
   std::shared_ptr<cudnn_frontend::graph::Graph> graph_;
   std::uint64_t workspace_bytes_ = 0;
 };
+
+// What audit_engine_choice measured: a stored config against the configs PyTorch's two modes would run.
+struct ChoiceAudit {
+  struct Choice {
+    EngineCandidate config;  // its time_ms is the audit's
+    float time_ms = 0.0f;
+  };
+  Choice stored;     // the cache's choice
+  Choice heuristic;  // native cudnn.benchmark=False: the first config in heuristic order that runs
+  Choice benchmark;  // native cudnn.benchmark=True: the fastest of benchmark_limit configs timed once each
+};
+
+// Finds the configs PyTorch's two modes would pick for the key (PyTorch's own lists, filters and single
+// timing), then times them and `stored` the same way, interleaved in `options.repetitions` rounds, each run
+// after an L2 flush (options.flush_l2), and keeps each one's median (Note [Engine configs]). The
+// direction's output buffer is overwritten. Throws Error if the stored config does not build or nothing runs.
+ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                                const WorkspaceAllocator& allocate, const EngineCandidate& stored,
+                                const GraphSearchOptions& options = {});
 
 // Checks, without a GPU, that cudnn-frontend accepts the key as a graph. Returns "" or what it rejected.
 std::string check_graph(const ConvolutionKey& key);

@@ -102,6 +102,18 @@ class Workspace {
 // Returns a workspace of at least `bytes` bytes, or null when the device has no memory for it.
 using WorkspaceAllocator = std::function<std::unique_ptr<Workspace>(std::size_t bytes)>;
 
+// How the graph API's search times candidates; see Note [Engine configs].
+struct GraphSearchOptions {
+  int warmup = 3;              // untimed runs of each candidate before its timed runs
+  int repetitions = 7;         // timed runs; the median is kept
+  int max_candidates = 10;     // configs of heuristics mode A and the fallback list built and timed, in order
+  int mode_b_candidates = 3;   // then heuristics mode B's first picks, where they are not among those
+  int knob_variants = 4;       // then the best so far with one knob moved to a neighbouring value
+  bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
+  float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
+  bool deterministic = false;  // only configs cuDNN reports deterministic
+};
+
 class PlanCache;
 
 class Runtime {
@@ -120,6 +132,10 @@ class Runtime {
   // Throws Error when asked for the graph backend where graph_backend_available() is false.
   void set_backend(Backend backend);
   Backend backend() const { return backend_.load(); }
+
+  // How later graph-API searches time candidates. Throws Error naming a field out of range.
+  void set_search_options(const GraphSearchOptions& options);
+  GraphSearchOptions search_options() const;
 
   Stats stats() const;
   void reset_stats();
@@ -192,11 +208,12 @@ class Runtime {
   std::unique_ptr<PlanCache> plans_;
   std::atomic<MissPolicy> miss_policy_{MissPolicy::tune};
   std::atomic<Backend> backend_;
+  GraphSearchOptions search_options_;  // guarded by mutex_
   std::atomic<LogLevel> log_level_{LogLevel::off};
   std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0};
   std::atomic<bool> warned_{false};
-  std::mutex mutex_;  // guards the handlers and the filling of device_caches_
+  mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
   std::mutex background_mutex_;  // guards background_

@@ -3,41 +3,16 @@
 // stream, and workspace from PyTorch's caching allocator.
 
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cudnn/Handle.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include "../convolution.h"
 #include "../problem.h"
+#include "context.h"
 #include "cudnn_cache/runtime.h"
 
 namespace cudnn_cache::torch_ops {
 namespace {
-
-class CachingAllocatorWorkspace : public Workspace {
- public:
-  explicit CachingAllocatorWorkspace(c10::DataPtr memory) : memory_(std::move(memory)) {}
-  void* data() override { return memory_.get(); }
-
- private:
-  c10::DataPtr memory_;
-};
-
-// Workspace from PyTorch's caching allocator; null when the device is out of memory, so the core moves on.
-std::unique_ptr<Workspace> allocate_workspace(std::size_t bytes) {
-  try {
-    return std::make_unique<CachingAllocatorWorkspace>(c10::cuda::CUDACachingAllocator::get()->allocate(bytes));
-  } catch (const c10::OutOfMemoryError&) {
-    return nullptr;
-  }
-}
-
-cudnnHandle_t current_handle() {
-  cudnnHandle_t handle = at::native::getCudnnHandle();
-  rethrow([&] { CUDNN_CACHE_CHECK(cudnnSetStream(handle, at::cuda::getCurrentCUDAStream())); });
-  return handle;
-}
 
 void check_cuda(const char* op, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.is_cuda() && b.device() == a.device(), op, ": tensors must be on one CUDA device, got ", a.device(),
