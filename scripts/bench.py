@@ -247,7 +247,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     steps = [timed(step, device) for _ in range(args.steps)]
     result["steps_ms"] = [1e3 * s for s in steps]
     result["steady_ms"] = 1e3 * statistics.median(steps)
-    result["gpu_ms"] = gpu_time_per_step(step, device)
+    result["gpu_ms"], result["top_kernels"] = gpu_time_per_step(step, device)
     if mode.tunes:
         result["tuning_estimate_s"] = result["first_s"] - result["steady_ms"] / 1e3
     if cache is not None:
@@ -268,6 +268,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     return result
 
 
+TOP_KERNELS = 25  # kept per case in the JSON, with calls and time per step
 AUDIT_NOISE = 1.02  # an audited time within 2% of another counts as a tie: repeated audits vary by about that
 
 
@@ -296,18 +297,24 @@ def summarize_audit(rows: List[dict]) -> dict:
     return summary
 
 
-def gpu_time_per_step(step: Callable[[], None], device: torch.device, steps: int = GPU_TIME_STEPS) -> Optional[float]:
-    """Milliseconds the GPU spends running kernels and copies per step, from torch.profiler over `steps` steps
-    (None on the CPU). Against the steady step, it tells slower kernels from host time the GPU waits on."""
+def gpu_time_per_step(step: Callable[[], None], device: torch.device,
+                      steps: int = GPU_TIME_STEPS) -> Tuple[Optional[float], Optional[List[dict]]]:
+    """Milliseconds the GPU spends running kernels and copies per step, from torch.profiler over `steps` steps,
+    and the kernels that take most of it (name, calls and microseconds per step); (None, None) on the CPU.
+    Against the steady step, it tells slower kernels from host time the GPU waits on."""
     if device.type != "cuda":
-        return None
+        return None, None
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
         for _ in range(steps):
             step()
         synchronize(device)
-    return sum(event.self_device_time_total for event in profiler.key_averages()) / 1e3 / steps
+    events = [e for e in profiler.key_averages() if e.self_device_time_total > 0]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    kernels = [{"name": e.key[:120], "calls": e.count / steps, "us": e.self_device_time_total / steps}
+               for e in events[:TOP_KERNELS]]
+    return sum(e.self_device_time_total for e in events) / 1e3 / steps, kernels
 
 
 def run_overhead_case(args) -> dict:

@@ -50,7 +50,7 @@ def converted_model():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_compiled_converted_model_is_one_graph_and_matches_eager(device, cache_state):
+def test_a_compiled_converted_model_is_one_graph_and_matches_eager(device, cache_state, torch_flags):
     if device == "cuda":
         torch.backends.cudnn.allow_tf32 = False  # both sides exact enough to compare tightly
     model = converted_model().to(device)

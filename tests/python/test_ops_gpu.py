@@ -239,7 +239,9 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
     assert isinstance(ranking, list) and len(ranking) > 0
     best = ranking[0]
     assert best["time_ms"] >= 0 and best["workspace_bytes"] >= 0
-    assert all(a["time_ms"] <= b["time_ms"] for a, b in zip(ranking, ranking[1:]))
+    ran = [entry for entry in ranking if entry.get("status", "CUDNN_STATUS_SUCCESS") == "CUDNN_STATUS_SUCCESS"]
+    assert ranking[:len(ran)] == ran  # what failed to run comes after everything that ran
+    assert all(a["time_ms"] <= b["time_ms"] for a, b in zip(ran, ran[1:]))
     if backend == "graph":
         assert best["engine_id"] >= 0 and best["engine"].startswith(f"engine {best['engine_id']}")
         assert len(best["knobs"]) % 2 == 0 and isinstance(best["runtime_compiled"], bool)
@@ -458,7 +460,7 @@ for n, c, h, w, k in shapes:
     x = torch.randn(n, c, h, w, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
     weight = torch.randn(c, 1, k, k, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
     tensors.append((x, weight, k // 2, c))
-if mode == "tune":
+if mode == "create":  # tune and save; any other mode is the miss policy for loading the file
     for x, weight, padding, groups in tensors:
         cudnn_cache.functional.conv2d(x, weight, padding=padding, groups=groups)
     cudnn_cache.save(path)
@@ -488,7 +490,7 @@ def test_a_file_edited_to_another_cudnn_falls_back_cleanly(child_env, tmp_path, 
         assert result.returncode == 0, result.stderr
         return result
 
-    child("tune", path)
+    child("create", path)
     document = json.loads(ops.file_export_json(str(path)))
     (section,) = document["sections"]
     stored = section["stored_plans"]
