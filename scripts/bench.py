@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole-model benchmark: cudnn_cache against PyTorch's own cuDNN autotuning, each case in a fresh process.
 
-For every workload, four modes run one after another, each in its own Python process (so no in-process cache
+For every workload, five modes run one after another, each in its own Python process (so no in-process cache
 carries over between them):
 
     native_benchmark   torch.backends.cudnn.benchmark=True: PyTorch times engines on the first step
@@ -12,6 +12,8 @@ carries over between them):
                        (a convolution the file does not cover fails loudly instead of tuning) and builds the
                        execution plans of the loaded entries with cudnn_cache.prepare() (timed) before the
                        first step; warm start = load + prepare + first step
+    cache_intercept    as cache_warm, but the model is not converted: cudnn_cache.intercept() routes PyTorch's
+                       own convolutions (aten::convolution and its backward) through the cache
 
 The cache modes run through the backend --backend names (cudnn_cache.set_backend): 'graph' (default) runs
 cuDNN graph-API engine configs, 'legacy' replays cudnnConvolution*Algo_t.
@@ -30,6 +32,8 @@ Targets, checked per workload from its cases and once for the op's host overhead
     warm first step <= native_heuristic first step;  warm start <= 1.5 s;
     warm steady <= native_benchmark steady;  warm steady <= the better native steady (stretch: 0.95 of it);
     cold tuning time (cache_cold first step - steady step) <= native_benchmark first step;
+    intercepted steady <= 1.02 x the converted model's (cache_warm) steady, with nothing tuned;
+    with --audit, no key whose stored choice is > 2% slower than a native choice measured the same way;
     the op's host time per call <= the better native's + 2 us.
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
@@ -99,6 +103,7 @@ class Mode:
     benchmark: bool              # torch.backends.cudnn.benchmark
     miss_policy: Optional[str]   # None: native convolutions; else convert() and run through the cache
     tunes: bool                  # the first step autotunes (so first - steady estimates the tuning time)
+    intercept: bool = False      # the model is not converted: cudnn_cache.intercept() routes its convolutions
 
 
 MODES: Dict[str, Mode] = {
@@ -106,7 +111,9 @@ MODES: Dict[str, Mode] = {
     "native_heuristic": Mode(benchmark=False, miss_policy=None, tunes=False),
     "cache_cold": Mode(benchmark=False, miss_policy="tune", tunes=True),
     "cache_warm": Mode(benchmark=False, miss_policy="error", tunes=False),
+    "cache_intercept": Mode(benchmark=False, miss_policy="error", tunes=False, intercept=True),
 }
+LOADS_COLD_FILE = ("cache_warm", "cache_intercept")  # modes that load the file cache_cold saved
 
 # The micro case: a tiny convolution, forward only, called OVERHEAD_CALLS times without synchronizing.
 OVERHEAD_INPUT = (1, 8, 8, 8)
@@ -132,6 +139,7 @@ NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
 TARGET_WARM_START_S = 1.5          # load + prepare + first step of cache_warm
 TARGET_STEADY_STRETCH = 0.95       # of the better native steady step; 'met' is judged at 1.00
 TARGET_OP_OVERHEAD_US = 2.0        # the op's host time per call above the better native's
+TARGET_INTERCEPT_RATIO = 1.02      # cache_intercept's steady step over cache_warm's (run-to-run noise)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,12 +183,13 @@ def build_model(workload: Workload) -> torch.nn.Module:
     return torchvision.models.get_model(workload.model, weights=None)
 
 
-def model_and_input(workload: Workload, device: torch.device, cache) -> tuple:
-    """The model (converted when `cache` is the cudnn_cache module), its input, and its convolution count."""
+def model_and_input(workload: Workload, device: torch.device, cache, convert: bool = True) -> tuple:
+    """The model (converted when `cache` is the cudnn_cache module and `convert`), its input, and its
+    convolution count."""
     torch.manual_seed(0)
     model = build_model(workload)
     convolutions = sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    if cache is not None:
+    if cache is not None and convert:
         cache.convert(model)
     dtype = getattr(torch, workload.dtype)
     model = model.to(device=device, dtype=dtype).train()
@@ -227,12 +236,14 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
         result["backend"] = cache.backend()
         cache.clear()
         cache.reset_stats()  # here, so that what load() counts (plans_deserialized) stays in the stats
-        if mode_name == "cache_warm":
+        if mode_name in LOADS_COLD_FILE:
             result["loaded_entries"], result["load_s"] = timed_call(lambda: cache.load(args.cache_file), device)
-    model, x, result["convolutions"] = model_and_input(workload, device, cache)
+    model, x, result["convolutions"] = model_and_input(workload, device, cache, convert=not mode.intercept)
     if cache is not None:
         cache.set_miss_policy(mode.miss_policy)
-        if mode_name == "cache_warm":
+        if mode.intercept:
+            cache.intercept(True)
+        if mode_name in LOADS_COLD_FILE:
             # On the CPU there is no cuDNN and so no plan to build: prepare is not called, and counts as 0 s.
             result["prepared_plans"], result["prepare_s"] = (
                 timed_call(cache.prepare, device) if device.type == "cuda" else (None, None))
@@ -262,7 +273,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
                 started = time.perf_counter()
                 result["audit"] = summarize_audit(cache.audit())
                 result["audit"]["seconds"] = time.perf_counter() - started
-        if mode_name == "cache_warm":
+        if mode_name in LOADS_COLD_FILE:
             result["plans_deserialized"] = stats.get("plans_deserialized")
             result["warm_start_s"] = result["load_s"] + (result["prepare_s"] or 0.0) + result["first_s"]
     return result
@@ -467,7 +478,7 @@ def run_all(args) -> dict:
         for index, (workload, mode) in enumerate(plan, 1):
             name = workload if mode is None else f"{workload}:{mode}"
             cache_file = pathlib.Path(folder) / f"{workload}.cache" if mode else None
-            if mode == "cache_warm" and not cache_file.exists():
+            if mode in LOADS_COLD_FILE and not cache_file.exists():
                 result = {"error": "skipped: cache_cold of this workload wrote no cache file"}
             else:
                 result = run_subprocess(case_command(name, args, cache_file), args.timeout)
@@ -546,7 +557,7 @@ def check_targets(report: dict) -> List[dict]:
             row.update(stretch_limit=stretch_limit, stretch_met=None if value is None else value <= stretch_limit)
         targets.append(row)
 
-    workloads = dict.fromkeys(c["workload"] for c in report["cases"] if c["mode"] in ("cache_cold", "cache_warm"))
+    workloads = dict.fromkeys(c["workload"] for c in report["cases"] if c["mode"].startswith("cache_"))
     for workload in workloads:
         def get(mode, key):
             return ok.get((workload, mode), {}).get(key)
@@ -563,6 +574,9 @@ def check_targets(report: dict) -> List[dict]:
                stretch_limit=TARGET_STEADY_STRETCH)
         target(workload, "cold tuning (cache_cold first step − steady step) ≤ native_benchmark first step",
                get("cache_cold", "tuning_estimate_s"), get("native_benchmark", "first_s"), "s")
+        if (workload, "cache_intercept") in ok or (workload, "cache_intercept") in failed_cases(report["cases"]):
+            target(workload, f"intercepted steady ÷ converted (cache_warm) steady ≤ {TARGET_INTERCEPT_RATIO:.2f}, "
+                   "tuning nothing", intercept_ratio(ok, workload), TARGET_INTERCEPT_RATIO, "ratio")
         audit = get("cache_cold", "audit")
         if audit is not None and audit["keys"]:
             target(workload, f"keys whose stored choice is > {AUDIT_NOISE:g}x slower than a native choice, "
@@ -572,6 +586,18 @@ def check_targets(report: dict) -> List[dict]:
         target(OVERHEAD, f"op host time per call ≤ better native's + {TARGET_OP_OVERHEAD_US:g} us",
                overhead.get("op_overhead_above_native_us"), TARGET_OP_OVERHEAD_US, "us")
     return targets
+
+
+def failed_cases(cases: List[dict]) -> set:
+    return {(c["workload"], c["mode"]) for c in cases if "error" in c}
+
+
+def intercept_ratio(ok: Dict[Tuple[str, str], dict], workload: str) -> Optional[float]:
+    """cache_intercept's steady step over cache_warm's, or None when either is missing or it tuned anything."""
+    intercepted = ok.get((workload, "cache_intercept"))
+    if intercepted is None or intercepted.get("stats", {}).get("tunes"):
+        return None
+    return ratio(intercepted["steady_ms"], ok.get((workload, "cache_warm"), {}).get("steady_ms"))
 
 
 def number(value: Optional[float], spec: str, unit: str = "") -> str:
@@ -852,8 +878,9 @@ def parse_args(argv=None):
         parser.error("--steps must be >= 20 (the steady step is a median over them)")
     if args.warmup < 0 or args.timeout <= 0:
         parser.error("--warmup must be >= 0 and --timeout > 0")
-    if "cache_warm" in args.modes and "cache_cold" not in args.modes:
-        parser.error("cache_warm loads the file cache_cold writes: add cache_cold to --modes")
+    for mode in LOADS_COLD_FILE:
+        if mode in args.modes and "cache_cold" not in args.modes:
+            parser.error(f"{mode} loads the file cache_cold writes: add cache_cold to --modes")
     args.workloads = list(dict.fromkeys(args.workloads))
     tuning = {}
     for item in args.tuning:

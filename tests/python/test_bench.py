@@ -232,11 +232,12 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     results = bench.run_all(args)
     assert commands == ["seed:native_benchmark", "seed:native_heuristic", "seed:cache_cold",
                         "conv3d_fp32:native_benchmark", "conv3d_fp32:native_heuristic", "conv3d_fp32:cache_cold",
-                        "conv3d_fp32:cache_warm", "overhead"]
+                        "conv3d_fp32:cache_warm", "conv3d_fp32:cache_intercept", "overhead"]
     modes = [(c["workload"], c["mode"], c.get("error", "")[:7]) for c in results["cases"]]
     assert ("seed", "cache_cold", "exit co") in modes and ("seed", "cache_warm", "skipped") in modes
-    assert len(results["cases"]) == 8 and results["overhead"]["workload"] == "overhead"
-    assert "[3/9] seed:cache_cold: FAILED: exit code 1: tuning failed" in capsys.readouterr().out
+    assert ("seed", "cache_intercept", "skipped") in modes
+    assert len(results["cases"]) == 10 and results["overhead"]["workload"] == "overhead"
+    assert "[3/11] seed:cache_cold: FAILED: exit code 1: tuning failed" in capsys.readouterr().out
 
 
 def run_script(*args, env=None):
@@ -316,8 +317,8 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     for case in data["cases"]:
         assert "error" not in case, case
         assert len(case["steps_ms"]) == 20 and case["convolutions"] == 2 and case["first_s"] > 0
-    cold, warm = data["cases"][2:]
-    for case in (cold, warm):
+    cold, warm, intercepted = data["cases"][2:]
+    for case in (cold, warm, intercepted):
         assert case["backend"] == "graph" and set(case["stats"]) >= {"hits", "tunes"}
         plan_build_us = case["stats"].get("plan_build_us")  # None from a build that does not count it
         assert case["plan_build_s"] == (None if plan_build_us is None else plan_build_us / 1e6)
@@ -326,6 +327,9 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     assert warm["prepare_s"] is None and warm["prepared_plans"] is None  # no cuDNN on the CPU: prepare not called
     assert warm["warm_start_s"] == pytest.approx(warm["load_s"] + warm["first_s"])
     assert warm["derived"]["warm_start_vs_native_heuristic_first"] is not None
+    assert intercepted["loaded_entries"] == 0 and intercepted["stats"]["tunes"] == 0
+    intercept_target = next(t for t in data["targets"] if t["target"].startswith("intercepted steady"))
+    assert intercept_target["value"] == pytest.approx(intercepted["steady_ms"] / warm["steady_ms"])
     overhead = data["overhead"]
     results = overhead["results"]
     assert set(results) == {"native_heuristic", "native_benchmark", "op", "functional", "native_scripted",

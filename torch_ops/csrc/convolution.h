@@ -9,10 +9,14 @@
 
 namespace cudnn_cache::torch_ops {
 
-// cudnn_cache::convolution and its backward ops, through the dispatcher.
+// cudnn_cache::convolution, convolution_transpose and the backward ops, through the dispatcher.
 at::Tensor call_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                             std::int64_t groups);
+at::Tensor call_convolution_transpose(const at::Tensor& input, const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                      at::IntArrayRef padding, at::IntArrayRef output_padding,
+                                      at::IntArrayRef dilation, std::int64_t groups);
 at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups);

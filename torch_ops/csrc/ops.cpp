@@ -43,6 +43,8 @@ TORCH_LIBRARY(cudnn_cache, m) {
         "int? mode_b_candidates=None, int? knob_variants=None, bool? flush_l2=None, float? give_up_ratio=None) -> ()");
   m.def("get_tuning_options() -> Dict(str, Any)");
   m.def("audit(int? device=None) -> Dict(str, Any)[]");
+  m.def("set_intercept(bool enabled) -> ()");
+  m.def("get_intercept() -> bool");
   m.def("set_log_level(str level) -> ()");
   m.def("get_log_level() -> str");
   m.def("prepare(int? device=None, int threads=0, bool background=False) -> int");
@@ -73,6 +75,14 @@ at::Tensor call_convolution(const at::Tensor& input, const at::Tensor& weight, c
                             std::int64_t groups) {
   static const auto handle = op<decltype(call_convolution)>("cudnn_cache::convolution");
   return handle.call(input, weight, bias, stride, padding, dilation, groups);
+}
+
+at::Tensor call_convolution_transpose(const at::Tensor& input, const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                      at::IntArrayRef padding, at::IntArrayRef output_padding,
+                                      at::IntArrayRef dilation, std::int64_t groups) {
+  static const auto handle = op<decltype(call_convolution_transpose)>("cudnn_cache::convolution_transpose");
+  return handle.call(input, weight, bias, stride, padding, output_padding, dilation, groups);
 }
 
 at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,

@@ -54,11 +54,10 @@ FORMAT_VERSION = _ops.format_version()  # the cache file format this build write
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation",
-    "active_file", "audit", "backend",
-    "clear", "conv_key", "convert", "describe_convolution", "describe_filter", "describe_tensor", "fill",
-    "functional", "library_path", "load", "log_level", "logger", "miss_policy", "persistent", "prepare", "query",
-    "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "set_tuning_options", "size",
-    "stats", "tuning_options",
+    "active_file", "audit", "backend", "clear", "conv_key", "convert", "describe_convolution", "describe_filter",
+    "describe_tensor", "fill", "functional", "intercept", "intercepting", "library_path", "load", "log_level",
+    "logger", "miss_policy", "persistent", "prepare", "query", "reset_stats", "save", "set_backend",
+    "set_log_level", "set_miss_policy", "set_tuning_options", "size", "stats", "tuning_options",
 ]
 
 
@@ -268,7 +267,40 @@ def fill(input: torch.Tensor, weight: torch.Tensor, stride: List[int], padding: 
     return _ops.fill(input, weight, stride, padding, dilation, groups, transposed, output_padding or [])
 
 
+def intercept(enabled: bool = True) -> None:
+    """Routes PyTorch's own CUDA convolutions through the cache (enabled=True) or gives them back (False).
+
+    Taken: aten::convolution and aten::convolution_backward, which every nn.Conv*d, nn.ConvTranspose*d and
+    F.conv* call (and torch.compile's graphs) reaches, on CUDA tensors of float, half, bfloat16 or double with
+    1 to 3 spatial dimensions, not empty, while torch.backends.cudnn.enabled. Everything else runs PyTorch's
+    own kernels unchanged. The model keeps its modules and autograd its native graph; the convolutions look
+    up, tune and fall back as the cudnn_cache ops do. CUDNN_CACHE_PATH turns it on at import unless
+    CUDNN_CACHE_INTERCEPT=0."""
+    _ops.set_intercept(bool(enabled))
+
+
+def intercepting() -> bool:
+    """Whether PyTorch's CUDA convolutions run through the cache (see intercept)."""
+    return _ops.get_intercept()
+
+
+INTERCEPT_ENVIRONMENT = "CUDNN_CACHE_INTERCEPT"
+
+
+def _intercept_from_environment() -> bool:
+    """CUDNN_CACHE_INTERCEPT: unset or 1/true/on/yes intercepts, 0/false/off/no does not."""
+    value = os.environ.get(INTERCEPT_ENVIRONMENT, "1").strip().lower()
+    if value in ("1", "true", "on", "yes", ""):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{INTERCEPT_ENVIRONMENT}={value!r}: use 1 (intercept PyTorch's convolutions, the default "
+                     "with CUDNN_CACHE_PATH) or 0 (only converted models and the cudnn_cache ops use the cache)")
+
+
 from . import _activation  # noqa: E402  (CUDNN_CACHE_PATH: load now, save at exit)
 
 if os.environ.get(_activation.ENVIRONMENT):
     _activation.activate(os.environ[_activation.ENVIRONMENT])
+    if _intercept_from_environment():
+        intercept(True)
