@@ -16,10 +16,9 @@ constexpr Backend backend_of() {
 
 // The stored plan of the key in the section, or null.
 const StoredPlan* plan_of(const CheckpointSection& section, const ConvolutionKey& key) {
-  const auto found = std::lower_bound(section.plans.begin(), section.plans.end(), key,
-                                      [](const PlanStore::Entry& entry, const ConvolutionKey& k) {
-                                        return entry.first < k;
-                                      });
+  const auto found =
+      std::lower_bound(section.plans.begin(), section.plans.end(), key,
+                       [](const PlanStore::Entry& entry, const ConvolutionKey& k) { return entry.first < k; });
   return found != section.plans.end() && found->first == key ? found->second.get() : nullptr;
 }
 
