@@ -21,7 +21,8 @@ TARGETS = {
     "key_from_descriptors": ("key decoded from descriptors", None, "ns"),
     "cache_find_hit": ("cache find, hit (10k entries)", 100.0, "ns"),
     "cache_find_miss": ("cache find, miss (10k entries)", 100.0, "ns"),
-    "save_10k": ("save of 10k entries", None, "ms"),
+    "save_10k": ("save of 10k entries, replacing the file", None, "ms"),
+    "save_10k_merging": ("save of 10k entries, merged with a file of the same 10k", None, "ms"),
     "load_10k": ("load of 10k entries", 20.0, "ms"),
 }
 

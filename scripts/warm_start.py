@@ -9,6 +9,13 @@ entries accumulate across runs (and across models).
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 64 --dtype bfloat16 \\
         --channels-last --output resnet50.cache
     python3 scripts/warm_start.py --torchscript model.pt --shape 3,32,32 --batch-size 7 --output model.cache
+    torchrun --nproc-per-node 8 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 \\
+        --output resnet50.cache
+
+Under torchrun (WORLD_SIZE > 1) each rank takes GPU LOCAL_RANK and runs the model once under the 'record'
+miss policy (cuDNN's heuristics, every missed key remembered); cudnn_cache.distributed.sync() then has each
+rank tune about 1/N of the keys and gives every rank all of them, and rank 0 saves the file (merged with what
+it holds, under its lock). Ranks with different GPU models tune for their own model each.
 
 Exit codes: 0 done; 1 the model or a file failed; 2 bad arguments, or no GPU (nothing is written then).
 """
@@ -48,7 +55,8 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--channels-last", action="store_true", help="run in channels_last (NHWC / NDHWC)")
     parser.add_argument("--output", required=True, help="the cache file to write (loaded first if it exists)")
-    parser.add_argument("--device", default="cuda", help="CUDA device, default: the current one")
+    parser.add_argument("--device", default="cuda",
+                        help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
     args = parser.parse_args(argv)
     if min(args.batch_size) < 1:
         parser.error("--batch-size must be >= 1")
@@ -98,6 +106,21 @@ def progress(items, total):
         return plain()
 
 
+def join_process_group():
+    """Under torchrun: this rank's GPU (LOCAL_RANK) and the NCCL process group; None in a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if local_rank >= torch.cuda.device_count():
+        sys.exit(f"warm_start: LOCAL_RANK {local_rank} but this machine shows {torch.cuda.device_count()} GPUs; "
+                 "run torchrun with --nproc-per-node at most the number of GPUs")
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    return torch.device("cuda", local_rank)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -105,7 +128,19 @@ def main(argv=None) -> int:
         return 2
     import cudnn_cache
 
-    device = torch.device(args.device)
+    rank_device = join_process_group()
+    try:
+        return warm_start(args, cudnn_cache, rank_device)
+    finally:
+        if rank_device is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def warm_start(args, cudnn_cache, rank_device) -> int:
+    distributed = rank_device is not None
+    device = rank_device if distributed else torch.device(args.device)
     dtype = DTYPES[args.dtype]
     started = time.perf_counter()
     loaded = cudnn_cache.load(args.output) if os.path.exists(args.output) else 0
@@ -121,17 +156,40 @@ def main(argv=None) -> int:
         model = model.to(memory_format=memory_format)
 
     runs = list(itertools.product(args.shape, args.batch_size))
-    for shape, batch in progress(runs, len(runs)):
-        x = torch.randn(batch, *shape, device=device, dtype=dtype).contiguous(memory_format=memory_format)
-        first_tensor_sum(model(x)).backward()
-        model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(device)
+    policy = cudnn_cache.miss_policy()
+    if distributed:
+        cudnn_cache.set_miss_policy("record")  # heuristics now; the misses are tuned by sync(), split
+    try:
+        for shape, batch in progress(runs, len(runs)):
+            x = torch.randn(batch, *shape, device=device, dtype=dtype).contiguous(memory_format=memory_format)
+            first_tensor_sum(model(x)).backward()
+            model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+    finally:
+        cudnn_cache.set_miss_policy(policy)
 
-    cudnn_cache.save(args.output)
-    stats = cudnn_cache.stats()
-    print(f"warm_start: {stats['entries']} entries in {args.output} ({stats['tunes']} tuned now, {loaded} loaded); "
-          f"{len(runs)} shape(s) in {time.perf_counter() - started:.1f} s")
-    return 0
+    if not distributed:
+        written = cudnn_cache.save(args.output)
+        stats = cudnn_cache.stats()
+        print(f"warm_start: {written} entries in {args.output} ({stats['tunes']} tuned now, {loaded} loaded); "
+              f"{len(runs)} shape(s) in {time.perf_counter() - started:.1f} s")
+        return 0
+
+    import torch.distributed as dist
+
+    report = cudnn_cache.distributed.sync()
+    torch.cuda.synchronize(device)
+    if report.rank == 0:
+        written = cudnn_cache.save(args.output)
+        where = f"rank 0 wrote {written} entries to {args.output}"
+    else:
+        where = "rank 0 writes the file"
+    dist.barrier()
+    print(f"warm_start: rank {report.rank} of {report.world_size} ({device}) tuned {report.tuned} of the "
+          f"{report.untuned} untuned keys ({report.needed} needed, {report.peers} rank(s) of this GPU model) in "
+          f"{report.seconds['tune']:.1f} s, received {report.received} entries; {where}; "
+          f"{time.perf_counter() - started:.1f} s in all", flush=True)
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 #include "cudnn_cache/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <iostream>
+#include <thread>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 #include "cudnn_cache/error.h"
@@ -120,6 +125,65 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   temporary.set_mode(mode);
   temporary.commit();
   sync_folder(folder_of(path));
+}
+
+std::string lock_path_of(const std::string& path) { return path + ".lock"; }
+
+FileLock::FileLock(const std::string& path, double timeout_seconds,
+                   const std::function<void(const std::string&)>& warn) {
+  CUDNN_CACHE_REQUIRE(timeout_seconds >= 0, "cannot save '", path, "': the lock timeout must be >= 0 seconds, got ",
+                      timeout_seconds);
+  const std::string lock_path = lock_path_of(path);
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    throw Error(detail::concat("cannot save '", path, "': cannot open its lock file '", lock_path,
+                               "': ", std::strerror(errno), "; the previous file, if any, is unchanged"));
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_seconds));
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      fd_ = fd;
+      return;
+    }
+    const int error = errno;
+    if (error == EINTR) continue;
+    if (error == ENOLCK || error == EOPNOTSUPP || error == ENOSYS || error == EINVAL) {
+      ::close(fd);
+      const std::string message = detail::concat(
+          "cudnn_cache: the file system of '", path, "' does not support locks (flock on '", lock_path,
+          "': ", std::strerror(error), "); saving without one: processes saving into it at the same time may "
+          "lose each other's entries. Give each process its own file and merge them (python -m cudnn_cache "
+          "merge), or use a local file system.");
+      if (warn) {
+        warn(message);
+      } else {
+        std::cerr << message << '\n';
+      }
+      return;
+    }
+    if (error != EWOULDBLOCK) {
+      ::close(fd);
+      throw Error(detail::concat("cannot save '", path, "': cannot lock '", lock_path, "': ",
+                                 std::strerror(error), "; the previous file, if any, is unchanged"));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd);
+      throw Error(detail::concat(
+          "cannot save '", path, "': another process has held its lock '", lock_path, "' for more than ",
+          timeout_seconds, " s; nothing was written and the file is unchanged. Another cudnn_cache process is "
+          "saving into it (or is stuck while saving: `fuser ", lock_path, "` names it). Wait and save again, or "
+          "raise the lock timeout (lock_timeout=...)."));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the only descriptor releases the flock
 }
 
 }  // namespace cudnn_cache

@@ -1,5 +1,7 @@
 #include "cudnn_cache/checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <sstream>
 #include <type_traits>
@@ -60,6 +62,8 @@ class MemoryStream : private std::streambuf, public std::istream {
 constexpr std::size_t kHeaderBytes = 1 + kMagic.size() + 4 + 4 + 4 + 8;
 constexpr std::size_t kChecksumBytes = 8;
 
+}  // namespace
+
 std::uint64_t checksum(const char* data, std::size_t size) {
   std::uint64_t state = 0xcbf29ce484222325ull ^ size;
   auto step = [&](std::uint64_t word) {
@@ -77,6 +81,8 @@ std::uint64_t checksum(const char* data, std::size_t size) {
   step(tail);
   return state;
 }
+
+namespace {
 
 template <typename Traits>
 void write_entries(cereal::PortableBinaryOutputArchive& archive, const CheckpointSection& section) {
@@ -419,7 +425,35 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
   return checkpoint;
 }
 
-void save(const CacheStore& store, const std::string& path) { write_file_atomically(path, serialize(snapshot(store))); }
+SaveReport save(const CacheStore& store, const std::string& path, const SaveOptions& options) {
+  CUDNN_CACHE_REQUIRE(!path.empty() && path.back() != '/', "cannot save to '", path, "': give a file name");
+  const FileLock lock(path, options.lock_timeout_seconds, options.warn);
+  SaveReport report;
+  report.locked = lock.held();
+  struct stat info {};
+  if (!options.merge || ::stat(path.c_str(), &info) != 0) {
+    const Checkpoint checkpoint = snapshot(store);
+    write_file_atomically(path, serialize(checkpoint));
+    report.entries = checkpoint.size();
+    return report;
+  }
+  Checkpoint existing;
+  try {
+    existing = read_checkpoint(path);
+  } catch (const Error& e) {
+    throw Error(detail::concat("cannot save '", path, "' merged with what it holds: ", e.what(),
+                               ". Nothing was written. Move the file aside, or save with merge=False to replace "
+                               "it"));
+  }
+  CacheStore merged;  // the file first, then the store: its stored plans, the newer ones, replace the file's
+  merge_into(merged, existing);
+  merge_into(merged, snapshot(store));
+  const Checkpoint checkpoint = snapshot(merged);
+  write_file_atomically(path, serialize(checkpoint));
+  report.entries = checkpoint.size();
+  report.file_entries = existing.size();
+  return report;
+}
 
 LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& running) {
   const Checkpoint checkpoint = read_checkpoint(path);

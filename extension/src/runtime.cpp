@@ -11,6 +11,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <thread>
+#include <type_traits>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -297,9 +298,11 @@ void log_tune(Runtime& runtime, const ConvolutionKey& key, const Ranking<Traits>
 
 // The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
 // (tune), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
+// Under the record policy the miss is also remembered, as a miss of `origin`'s cache of `backend`.
 template <typename Traits, typename Search>
 std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const ConvolutionKey& key, MissPolicy policy,
-                                      Counters counters, const char* kind, Search&& search) {
+                                      Counters counters, const char* kind, const Origin& origin, Backend backend,
+                                      Search&& search) {
   Runtime& runtime = counters.runtime;
   std::optional<Ranking<Traits>> ranking = cache.find(key);
   if (ranking) {
@@ -319,6 +322,7 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
                                " and the miss policy is 'error'. Run scripts/warm_start.py for this model and input "
                                "shape, then load its file"));
   }
+  if (policy == MissPolicy::record) runtime.record_miss(origin, backend, key);
   if (policy == MissPolicy::tune) {
     ranking = timed_search(counters, search);
     log_tune(runtime, key, *ranking, kind);
@@ -349,12 +353,14 @@ const char* to_string(MissPolicy policy) {
     case MissPolicy::tune: return "tune";
     case MissPolicy::heuristic: return "heuristic";
     case MissPolicy::error: return "error";
+    case MissPolicy::record: return "record";
   }
   return "unknown";
 }
 
 MissPolicy miss_policy_from_string(const std::string& name) {
-  return from_name(name, std::array{MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error}, "miss policy");
+  return from_name(name, std::array{MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record},
+                   "miss policy");
 }
 
 const char* to_string(Backend backend) { return backend == Backend::graph ? "graph" : "legacy"; }
@@ -470,8 +476,43 @@ DirectionCaches& Runtime::caches_for_device(int index) {
   const Origin origin = Origin::of_device(index);  // outside the lock: it calls into CUDA
   std::lock_guard lock(mutex_);
   DirectionCaches& caches = store_.caches(origin);
+  device_origins_[index] = origin;
   device_caches_[index].store(&caches, std::memory_order_release);
   return caches;
+}
+
+const Origin& Runtime::origin_of_device(int index) {
+  caches_for_device(index);  // reads the identity once; device_origins_[index] is set before its slot
+  return device_origins_[index];
+}
+
+void Runtime::record_miss(const Origin& origin, Backend backend, const ConvolutionKey& key) {
+  std::lock_guard lock(recorded_mutex_);
+  recorded_.emplace(origin, static_cast<int>(backend), key);
+}
+
+std::vector<RecordedMiss> Runtime::recorded_misses() const {
+  std::vector<RecordedMiss> result;
+  std::lock_guard lock(recorded_mutex_);
+  for (const auto& [origin, backend, key] : recorded_) {
+    bool cached = false;
+    if (const DirectionCaches* caches = store_.find(origin)) {
+      for_each_cache([&, caches = caches, backend = backend, key = key](auto traits) {
+        using Traits = decltype(traits);
+        const bool graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
+        if (graph != (backend == static_cast<int>(Backend::graph))) return;
+        if (static_cast<std::int32_t>(Traits::direction) != key.direction) return;
+        cached = cached || caches->template get<Traits>().find(key).has_value();
+      });
+    }
+    if (!cached) result.push_back({origin, static_cast<Backend>(backend), key});
+  }
+  return result;
+}
+
+void Runtime::clear_recorded_misses() {
+  std::lock_guard lock(recorded_mutex_);
+  recorded_.clear();
 }
 
 void Runtime::count_fallback(const ConvolutionKey& key, const std::string& why) {
@@ -495,6 +536,7 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   const ConvolutionDescriptors descriptors(key);
   const std::optional<Ranking<Traits>> ranking =
       lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "algorithm",
+             origin_of_device(device), Backend::legacy,
              [&] { return search<Traits>(handle, descriptors, key, buffers, allocate); });
   Candidates<Traits> heuristic;
   if (!ranking) heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
@@ -534,7 +576,10 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const std::optional<Ranking<GraphTraits<D>>> ranking =
       lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "engine config",
-             [&] { return search_graph<D>(handle, device, key, buffers, allocate, search_options(), *plans_, caches.plans); });
+             origin_of_device(device), Backend::graph, [&] {
+               return search_graph<D>(handle, device, key, buffers, allocate, search_options(), *plans_,
+                                      caches.plans);
+             });
   std::string why_not = "heuristic miss policy";
   if (ranking) {
     PlanStore& stored = caches.plans;

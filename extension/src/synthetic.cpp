@@ -137,4 +137,21 @@ void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t 
   }
 }
 
+void add_synthetic_ranking(CacheStore& store, const Origin& origin, bool graph, const ConvolutionKey& key,
+                           std::uint64_t seed) {
+  std::mt19937_64 random(seed);
+  DirectionCaches& caches = store.caches(origin);
+  const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
+  for_each_cache([&](auto traits) {
+    using Traits = decltype(traits);
+    constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
+    if (static_cast<std::int32_t>(Traits::direction) != key.direction || is_graph != graph) return;
+    if constexpr (is_graph) {
+      caches.get<Traits>().insert(key, random_engine_ranking<Traits>(random));
+    } else {
+      caches.get<Traits>().insert(key, random_ranking<Traits>(random, math_type));
+    }
+  });
+}
+
 }  // namespace cudnn_cache

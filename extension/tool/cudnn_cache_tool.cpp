@@ -72,7 +72,9 @@ int synth(const std::vector<std::string>& args) {
   if (path.empty() || !have_entries) return usage_error("synth needs FILE and --entries N");
   CacheStore store;
   add_synthetic_entries(store, synthetic_origin(), entries, seed);
-  save(store, path);
+  SaveOptions replace;
+  replace.merge = false;  // synth writes exactly these entries
+  save(store, path, replace);
   std::cout << path << ": wrote " << store.size() << " synthetic entries\n";
   return kOk;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cudnn_cache/atomic_file.h"
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/descriptors.h"
 #include "cudnn_cache/synthetic.h"
@@ -78,13 +79,27 @@ std::string temporary_path() {
   return std::string(folder ? folder : "/tmp") + "/cudnn_cache_bench_" + std::to_string(::getpid()) + ".bin";
 }
 
+// Replacing the file: serialization and the atomic write, under the file's lock.
 void save_10k(benchmark::State& state) {
+  static const FilledCache filled;
+  const std::string path = temporary_path();
+  SaveOptions replace;
+  replace.merge = false;
+  for (auto _ : state) save(filled.store, path, replace);
+  std::remove(path.c_str());
+  std::remove(lock_path_of(path).c_str());
+}
+BENCHMARK(save_10k)->Unit(benchmark::kMillisecond);
+
+// The default save into a file that already holds the same 10k entries: read, merge, write.
+void save_10k_merging(benchmark::State& state) {
   static const FilledCache filled;
   const std::string path = temporary_path();
   for (auto _ : state) save(filled.store, path);
   std::remove(path.c_str());
+  std::remove(lock_path_of(path).c_str());
 }
-BENCHMARK(save_10k)->Unit(benchmark::kMillisecond);
+BENCHMARK(save_10k_merging)->Unit(benchmark::kMillisecond);
 
 void load_10k(benchmark::State& state) {
   static const FilledCache filled;
@@ -95,6 +110,7 @@ void load_10k(benchmark::State& state) {
     benchmark::DoNotOptimize(load(store, path).entries);
   }
   std::remove(path.c_str());
+  std::remove(lock_path_of(path).c_str());
 }
 BENCHMARK(load_10k)->Unit(benchmark::kMillisecond);
 

@@ -97,3 +97,30 @@ TEST_CASE("write_file_atomically into a missing folder names the path and change
              Contains("cannot save '" + path + "'") && Contains("unchanged"));
   CHECK(folder.listing().empty());
 }
+
+// --- Locks (Note [Shared cache files]) -------------------------------------------------------------------------
+
+TEST_CASE("a file's lock excludes a second holder until released, then is granted", "[atomic_file][lock]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("shared.bin");
+  CHECK(lock_path_of(path) == path + ".lock");
+  {
+    const FileLock first(path, 1.0);
+    CHECK(first.held());
+    // flock locks belong to the open file, so a second lock in the same process waits like another process.
+    const std::string message = error_of([&] { FileLock second(path, 0.05); });
+    CHECK_THAT(message, Contains("'" + path + "'") && Contains(path + ".lock") && Contains("0.05 s") &&
+                            Contains("lock_timeout") && Contains("unchanged"));
+  }
+  const FileLock again(path, 0.0);  // released with the first: granted at once
+  CHECK(again.held());
+  CHECK(folder.listing() == std::vector<std::string>{"shared.bin.lock"});
+}
+
+TEST_CASE("a lock that cannot be made, or a negative timeout, is refused naming the file", "[atomic_file][lock]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("no/such/folder/shared.bin");
+  CHECK_THAT(error_of([&] { FileLock lock(path, 1.0); }),
+             Contains(path + ".lock") && Contains("No such file or directory"));
+  CHECK_THAT(error_of([&] { FileLock lock(folder.file("x.bin"), -1.0); }), Contains("must be >= 0"));
+}

@@ -8,7 +8,9 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <chrono>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include "cache_fixtures.h"
@@ -388,7 +390,8 @@ TEST_CASE("a save that fails midway leaves the old file", "[checkpoint]") {
   CHECK(WEXITSTATUS(status) == kThrewUnchanged);
 
   CHECK(difference(snapshot(old_store), read_checkpoint(path)) == "");
-  CHECK(folder.listing() == std::vector<std::string>{"cache.bin"});  // no ".cache.bin.tmp.*" left
+  // No ".cache.bin.tmp.*" left; the lock file stays (Note [Shared cache files]).
+  CHECK(folder.listing() == std::vector<std::string>{"cache.bin", "cache.bin.lock"});
 }
 
 TEST_CASE("saving into a missing folder names the path and keeps the previous file", "[checkpoint]") {
@@ -401,16 +404,20 @@ TEST_CASE("saving into a missing folder names the path and keeps the previous fi
   CHECK(folder.listing().empty());
 }
 
-TEST_CASE("saving over an existing file replaces it", "[checkpoint]") {
+TEST_CASE("saving over an existing file replaces it when merging is off", "[checkpoint]") {
   TemporaryFolder folder;
   const std::string path = folder.file("cache.bin");
   CacheStore first, second;
   fill(first, 10, 1);
   fill(second, 10, 2);
   save(first, path);
-  save(second, path);
+  SaveOptions replace;
+  replace.merge = false;
+  const SaveReport report = save(second, path, replace);
   CHECK(difference(snapshot(second), read_checkpoint(path)) == "");
-  CHECK(folder.listing() == std::vector<std::string>{"cache.bin"});
+  CHECK(report.entries == second.size());
+  CHECK(report.file_entries == 0);
+  CHECK(folder.listing() == std::vector<std::string>{"cache.bin", "cache.bin.lock"});
 }
 
 // --- Format versions and the graph API's entries ---------------------------------------------------------------
@@ -586,4 +593,105 @@ TEST_CASE("a file with a valid checksum but an invalid stored plan is rejected",
   CAPTURE(reason);
   CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
              Contains("'forged.bin' is corrupt") && Contains(reason));
+}
+
+// --- Shared files: merging saves under the lock (Note [Shared cache files]) -------------------------------------
+
+TEST_CASE("a save merges with what the file holds, faster measurement winning, and keeps the store as it was",
+          "[checkpoint][shared]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  const Origin origin = running_origin();
+  const ConvolutionKey shared = conv_key(Direction::forward, 1);
+  const ConvolutionKey only_on_disk = conv_key(Direction::forward, 2);
+  const ConvolutionKey only_in_store = conv_key(Direction::forward, 3);
+  CacheStore on_disk;
+  on_disk.caches(origin).forward.insert(shared, Ranking<Fwd>::of({candidate<Fwd>(1, 1.0f), candidate<Fwd>(2, 3.0f)}));
+  on_disk.caches(origin).forward.insert(only_on_disk, Ranking<Fwd>::of({candidate<Fwd>(1, 2.0f)}));
+  add_synthetic_entries(on_disk, other_cudnn_origin(), 7);
+  save(on_disk, path);
+
+  CacheStore store;
+  store.caches(origin).forward.insert(shared, Ranking<Fwd>::of({candidate<Fwd>(2, 0.5f)}));
+  store.caches(origin).forward.insert(only_in_store, Ranking<Fwd>::of({candidate<Fwd>(4, 2.0f)}));
+  const Checkpoint store_before = snapshot(store);
+  const SaveReport report = save(store, path);
+
+  CHECK(report.file_entries == 2 + 7);
+  CHECK(report.entries == 3 + 7);
+  CHECK(report.locked);
+  CHECK(difference(store_before, snapshot(store)) == "");  // saving never changes the store
+  CacheStore loaded;
+  load(loaded, path, kRunning);
+  CHECK(entries_of(loaded, other_cudnn_origin()) == 7);  // another process's origin is kept
+  const auto merged = loaded.caches(origin).forward.find(shared);
+  REQUIRE(merged);
+  CHECK(merged->front().algorithm == static_cast<Fwd::Algorithm>(2));  // 0.5 ms beats 1.0 ms
+  CHECK(merged->front().time_ms == 0.5f);
+  CHECK(loaded.caches(origin).forward.find(only_on_disk));
+  CHECK(loaded.caches(origin).forward.find(only_in_store));
+}
+
+TEST_CASE("a merging save never overwrites a file it cannot read", "[checkpoint][shared]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  write_plain(path, "not a cache file at all");
+  CacheStore store;
+  fill(store, 5);
+  CHECK_THAT(error_of([&] { save(store, path); }),
+             Contains(path) && Contains("wrong magic") && Contains("Nothing was written") && Contains("merge=False"));
+  std::ifstream in(path, std::ios::binary);
+  CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "not a cache file at all");
+  SaveOptions replace;
+  replace.merge = false;
+  CHECK(save(store, path, replace).entries == store.size());  // replacing is what the message offers
+}
+
+TEST_CASE("16 processes saving into one file at once lose no entry", "[checkpoint][shared]") {
+  // Each process saves kRounds times, adding entries of its own origin each time; all start together. Without
+  // the lock, read-merge-write cycles interleave and the last rename drops what others wrote in between.
+  constexpr int kProcesses = 16, kRounds = 4;
+  constexpr std::size_t kPerRound = 25;
+  TemporaryFolder folder;
+  const std::string path = folder.file("shared.bin");
+  int start[2];
+  REQUIRE(::pipe(start) == 0);
+  std::vector<pid_t> children;
+  for (int p = 0; p < kProcesses; ++p) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // no Catch2 in here
+      ::close(start[1]);
+      char go;
+      if (::read(start[0], &go, 1) != 0) ::_exit(3);  // EOF: the parent let everyone go at once
+      int code = 0;
+      try {
+        CacheStore store;
+        const Origin origin =
+            Origin::of(DeviceIdentity{"GPU of process " + std::to_string(p), 9, 0, 132}, kRunning);
+        for (int round = 0; round < kRounds; ++round) {
+          add_synthetic_entries(store, origin, kPerRound, 1000 * p + round);
+          save(store, path);
+        }
+      } catch (...) {
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    children.push_back(child);
+  }
+  ::close(start[0]);
+  const auto started = std::chrono::steady_clock::now();
+  ::close(start[1]);  // go
+  for (pid_t child : children) {
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  WARN(kProcesses << " processes x " << kRounds << " saves: " << seconds << " s");
+  const Checkpoint saved = read_checkpoint(path);
+  CHECK(saved.sections.size() == kProcesses);
+  CHECK(saved.size() == kProcesses * kRounds * kPerRound);
+  for (const CheckpointSection& section : saved.sections) CHECK(section.size() == kRounds * kPerRound);
 }

@@ -12,10 +12,10 @@ using namespace cudnn_cache;
 using Catch::Matchers::Contains;
 
 TEST_CASE("miss policies and backends round-trip through their names, and others are refused", "[runtime]") {
-  for (MissPolicy policy : {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error}) {
+  for (MissPolicy policy : {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record}) {
     CHECK(miss_policy_from_string(to_string(policy)) == policy);
   }
-  CHECK_THROWS_WITH(miss_policy_from_string("retry"), Contains("use 'tune', 'heuristic' or 'error'"));
+  CHECK_THROWS_WITH(miss_policy_from_string("retry"), Contains("use 'tune', 'heuristic', 'error' or 'record'"));
   for (Backend backend : {Backend::graph, Backend::legacy}) CHECK(backend_from_string(to_string(backend)) == backend);
   CHECK_THROWS_WITH(backend_from_string("v7"), Contains("use 'graph' or 'legacy'"));
   CHECK(graph_backend_available());  // cuDNN 9
@@ -72,4 +72,38 @@ TEST_CASE("search options are kept, and values out of range are refused naming t
   refused([](GraphSearchOptions& o) { o.mode_b_candidates = -2; }, "mode_b_candidates");
   refused([](GraphSearchOptions& o) { o.knob_variants = -1; }, "knob_variants");
   refused([](GraphSearchOptions& o) { o.give_up_ratio = 0.5f; }, "give_up_ratio");
+}
+
+TEST_CASE("the record policy's misses are kept once each, and drop out once their key is cached", "[runtime]") {
+  CHECK(miss_policy_from_string("record") == MissPolicy::record);
+  Runtime runtime;
+  const Origin origin = Origin::of(DeviceIdentity{"Test GPU", 9, 0, 132}, CudnnVersion{9, 19, 0});
+  const ConvolutionKey forward =
+      make_convolution_key(Direction::forward, make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
+                           make_filter_key(CUDNN_DATA_FLOAT, {8, 8, 3, 3}, Layout::nchw),
+                           make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
+                           make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION,
+                                                           CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH));
+  ConvolutionKey backward = forward;
+  backward.direction = static_cast<std::int32_t>(Direction::backward_data);
+  runtime.record_miss(origin, Backend::graph, forward);
+  runtime.record_miss(origin, Backend::graph, forward);
+  runtime.record_miss(origin, Backend::legacy, forward);
+  runtime.record_miss(origin, Backend::graph, backward);
+  std::vector<RecordedMiss> misses = runtime.recorded_misses();
+  REQUIRE(misses.size() == 3);
+  CHECK(misses[0].origin == origin);
+
+  // A graph ranking for the forward key covers the graph miss only; the legacy cache still lacks it.
+  EngineCandidate config;
+  config.engine_id = 3;
+  config.time_ms = 0.5f;
+  runtime.store().caches(origin).graph_forward.insert(forward, Ranking<GraphForwardTraits>::of({config}));
+  misses = runtime.recorded_misses();
+  REQUIRE(misses.size() == 2);
+  for (const RecordedMiss& miss : misses) {
+    CHECK_FALSE((miss.backend == Backend::graph && miss.key == forward));
+  }
+  runtime.clear_recorded_misses();
+  CHECK(runtime.recorded_misses().empty());
 }

@@ -103,3 +103,16 @@ def test_a_directory_holds_one_file_per_identity(child, synth, tmp_path):
     assert active == str(tmp_path / "xdg" / "cudnn_cache" / name)
     assert child("default")[0] == 3
     assert cudnn_cache.active_file() is None  # this process did not set the variable
+
+
+def test_the_save_at_exit_merges_with_what_the_file_holds_then(child_env, synth, tool, tmp_path):
+    # The child loads the file at import, forgets it (as if another process had written those entries), adds
+    # its own; its exit save keeps both, as several processes sharing one CUDNN_CACHE_PATH need.
+    path = synth("convs.cache", 20)
+    extra = synth("extra.cache", 6, seed=9)
+    script = "import sys, cudnn_cache; cudnn_cache.clear(); cudnn_cache.load(sys.argv[1])"
+    env = {**child_env, "CUDNN_CACHE_PATH": str(path)}
+    result = subprocess.run([sys.executable, "-c", script, str(extra)], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "valid, 26 entries" in tool("validate", path).stdout

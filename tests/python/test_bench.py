@@ -245,6 +245,13 @@ def run_script(*args, env=None):
                           env=env, timeout=300)
 
 
+def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "1,3,8,8",
+                           "--weight", "4,3,3,3"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 2 and "no CUDA GPU" in done.stderr
+
+
 def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
     done = run_script("--output-dir", tmp_path, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 2, done.stderr

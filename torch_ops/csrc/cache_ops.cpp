@@ -15,8 +15,6 @@
 namespace cudnn_cache::torch_ops {
 namespace {
 
-constexpr std::size_t kKeyWords = sizeof(ConvolutionKey) / sizeof(std::int32_t);
-
 template <typename Int, std::size_t N>
 std::vector<std::int64_t> to_list(const std::array<Int, N>& values, int count) {
   return std::vector<std::int64_t>(values.begin(), values.begin() + count);
@@ -84,22 +82,7 @@ std::vector<std::int64_t> conv_key(const std::string& direction, const at::Tenso
     x = like(input.sizes());
     y = like(convolution_output_size(input.sizes(), weight.sizes(), params));
   }
-  const ConvolutionKey key = make_problem(x, like(weight.sizes()), y, params, format).key_for(chosen);
-  std::array<std::int32_t, kKeyWords> words{};
-  std::memcpy(words.data(), &key, sizeof key);
-  return std::vector<std::int64_t>(words.begin(), words.end());
-}
-
-ConvolutionKey key_from_list(at::IntArrayRef words) {
-  TORCH_CHECK(words.size() == kKeyWords, "cudnn_cache: a key has ", kKeyWords, " values, got ", words.size(),
-              "; pass what conv_key returned");
-  std::array<std::int32_t, kKeyWords> narrow{};
-  for (std::size_t i = 0; i < kKeyWords; ++i) narrow[i] = static_cast<std::int32_t>(words[i]);
-  ConvolutionKey key;
-  std::memcpy(static_cast<void*>(&key), narrow.data(), sizeof key);
-  const std::string problem = check_key(key);
-  TORCH_CHECK(problem.empty(), "cudnn_cache: not a valid key (", problem, "); pass what conv_key returned");
-  return key;
+  return key_to_list(make_problem(x, like(weight.sizes()), y, params, format).key_for(chosen));
 }
 
 DirectionCaches& current_device_caches(const char* op) {
@@ -180,7 +163,16 @@ std::int64_t size() { return static_cast<std::int64_t>(Runtime::instance().store
 
 void clear() { Runtime::instance().store().clear(); }
 
-void save(const std::string& path) { rethrow([&] { cudnn_cache::save(Runtime::instance().store(), path); }); }
+// Saves under the file's lock, merged with what it holds unless `merge` is false (Note [Shared cache files]);
+// returns the entries the file holds now. A file system without locks is a warning, not an error.
+std::int64_t save(const std::string& path, bool merge, double lock_timeout) {
+  SaveOptions options;
+  options.merge = merge;
+  options.lock_timeout_seconds = lock_timeout;
+  options.warn = [](const std::string& message) { TORCH_WARN(message); };
+  return static_cast<std::int64_t>(
+      rethrow([&] { return cudnn_cache::save(Runtime::instance().store(), path, options); }).entries);
+}
 
 std::int64_t load(const std::string& path) {
   const LoadReport report = rethrow([&] { return cudnn_cache::load(Runtime::instance().store(), path); });

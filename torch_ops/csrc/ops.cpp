@@ -30,7 +30,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
         "bool transposed=False, int[] output_padding=[]) -> int");
   m.def("size() -> int");
   m.def("clear() -> ()");
-  m.def("save(str path) -> ()");
+  m.def("save(str path, bool merge=True, float lock_timeout=60.) -> int");
   m.def("load(str path) -> int");
   m.def("stats() -> Dict(str, int)");
   m.def("reset_stats() -> ()");
@@ -49,6 +49,18 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_log_level() -> str");
   m.def("prepare(int? device=None, int threads=0, bool background=False) -> int");
   m.def("prepare_wait() -> int");
+
+  // Sharing tuning between processes (cudnn_cache.distributed). An origin is (name, 5 numbers); see
+  // exchange_ops.cpp for the row layouts.
+  m.def("device_origin(int? device=None) -> (str name, int[] numbers)");
+  m.def("recorded_misses() -> (str[] origin_names, int[] origin_numbers, Tensor rows)");
+  m.def("clear_recorded_misses() -> ()");
+  m.def("inventory() -> (str[] origin_names, int[] origin_numbers, Tensor rows)");
+  m.def("export_entries(int[] digests) -> Tensor");
+  m.def("import_entries(Tensor data, str source, str? origin_name=None, int[] origin_numbers=[]) -> int");
+  m.def("tune_key(int[] key, str backend, int? device=None) -> int");
+  m.def("add_synthetic_ranking(int[] key, str backend, str origin_name, int[] origin_numbers, int seed=1) -> ()");
+  m.def("add_synthetic_entries(int entries, int seed, str origin_name, int[] origin_numbers) -> ()");
 
   // Cache files, without this process's cache (python -m cudnn_cache).
   m.def("file_summary(str path) -> str");

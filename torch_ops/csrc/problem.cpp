@@ -2,6 +2,9 @@
 
 #include <ATen/Context.h>
 
+#include <array>
+#include <cstring>
+
 namespace cudnn_cache::torch_ops {
 namespace {
 
@@ -152,6 +155,30 @@ Direction direction_from_string(const std::string& name) {
     if (name == to_string(direction)) return direction;
   }
   TORCH_CHECK(false, "cudnn_cache: unknown direction '", name, "'; use 'forward', 'backward_data' or 'backward_filter'");
+}
+
+namespace {
+
+constexpr std::size_t kKeyWords = sizeof(ConvolutionKey) / sizeof(std::int32_t);
+
+}  // namespace
+
+std::vector<std::int64_t> key_to_list(const ConvolutionKey& key) {
+  std::array<std::int32_t, kKeyWords> words{};
+  std::memcpy(words.data(), &key, sizeof key);
+  return std::vector<std::int64_t>(words.begin(), words.end());
+}
+
+ConvolutionKey key_from_list(at::IntArrayRef words) {
+  TORCH_CHECK(words.size() == kKeyWords, "cudnn_cache: a key has ", kKeyWords, " values, got ", words.size(),
+              "; pass what conv_key returned");
+  std::array<std::int32_t, kKeyWords> narrow{};
+  for (std::size_t i = 0; i < kKeyWords; ++i) narrow[i] = static_cast<std::int32_t>(words[i]);
+  ConvolutionKey key;
+  std::memcpy(static_cast<void*>(&key), narrow.data(), sizeof key);
+  const std::string problem = check_key(key);
+  TORCH_CHECK(problem.empty(), "cudnn_cache: not a valid key (", problem, "); pass what conv_key returned");
+  return key;
 }
 
 }  // namespace cudnn_cache::torch_ops

@@ -81,6 +81,11 @@ struct Problem {
 Problem make_problem(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const ConvolutionParams& params,
                      at::MemoryFormat memory_format);
 
+// A key as the int32 words Python sees (conv_key), and back; the second checks the words and fails saying
+// what to pass.
+std::vector<std::int64_t> key_to_list(const ConvolutionKey& key);
+ConvolutionKey key_from_list(at::IntArrayRef words);
+
 // The direction named "forward", "backward_data" or "backward_filter".
 Direction direction_from_string(const std::string& name);
 

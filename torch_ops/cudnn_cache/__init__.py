@@ -55,8 +55,8 @@ FORMAT_VERSION = _ops.format_version()  # the cache file format this build write
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation",
     "active_file", "audit", "backend", "clear", "conv_key", "convert", "describe_convolution", "describe_filter",
-    "describe_tensor", "fill", "functional", "intercept", "intercepting", "library_path", "load", "log_level",
-    "logger", "miss_policy", "persistent", "prepare", "query", "reset_stats", "save", "set_backend",
+    "describe_tensor", "distributed", "fill", "functional", "intercept", "intercepting", "library_path", "load",
+    "log_level", "logger", "miss_policy", "persistent", "prepare", "query", "reset_stats", "save", "set_backend",
     "set_log_level", "set_miss_policy", "set_tuning_options", "size", "stats", "tuning_options",
 ]
 
@@ -74,18 +74,31 @@ def load(path: str) -> int:
     return entries
 
 
-def save(path: str) -> None:
-    """Writes every entry of this process's cache to `path`, atomically (temp file, fsync, rename)."""
+def save(path: str, merge: bool = True, lock_timeout: float = 60.0) -> int:
+    """Writes every entry of this process's cache to `path`, atomically (temp file, fsync, rename), and
+    returns the number of entries the file holds now.
+
+    The file is shared safely: the save holds an advisory lock on "<path>.lock" (waiting at most
+    `lock_timeout` seconds, then raising RuntimeError naming the file) and, with `merge` (the default), keeps
+    what the file already holds, merged with this cache (the faster measurement wins), so processes saving
+    into one file lose nothing. A file there that cannot be read is never overwritten by a merging save; pass
+    merge=False to replace the file with exactly this cache. Where the file system has no locks, it warns and
+    saves without one. This process's cache is not changed.
+    """
     path = os.fspath(path)
     started = time.perf_counter()
-    _ops.save(path)
-    logger.info("saved %d entries to %s in %.1f ms", size(), path, 1e3 * (time.perf_counter() - started))
+    entries = _ops.save(path, merge, float(lock_timeout))
+    logger.info("saved %d entries to %s (%d from this process) in %.1f ms", entries, path, size(),
+                1e3 * (time.perf_counter() - started))
+    return entries
 
 
 @contextlib.contextmanager
 def persistent(path: str, prepare_plans: bool = True) -> Iterator[None]:
     """Loads `path` if it exists (then, with a GPU and `prepare_plans`, builds its plans with prepare()), and
-    saves the cache to it atomically when the block exits (also when it raises: what was tuned stays valid)."""
+    saves the cache to it atomically when the block exits (also when it raises: what was tuned stays valid).
+    The save merges with what the file holds then, under its lock (see save()), so several processes may
+    use one file."""
     path = os.fspath(path)
     if os.path.exists(path):
         load(path)
@@ -99,7 +112,9 @@ def persistent(path: str, prepare_plans: bool = True) -> Iterator[None]:
 
 def set_miss_policy(policy: str) -> None:
     """What a convolution does when its key is not cached: 'tune' (default: time all algorithms now, store the
-    ranking), 'heuristic' (cuDNN's heuristic choice, not stored) or 'error' (raise, naming the key)."""
+    ranking), 'heuristic' (cuDNN's heuristic choice, not stored), 'error' (raise, naming the key) or 'record'
+    (like 'heuristic', and remember the key: distributed.sync() then tunes what the ranks recorded, split
+    between them; distributed.recorded_misses() lists them)."""
     _ops.set_miss_policy(policy)
 
 
@@ -298,6 +313,7 @@ def _intercept_from_environment() -> bool:
                      "with CUDNN_CACHE_PATH) or 0 (only converted models and the cudnn_cache ops use the cache)")
 
 
+from . import distributed  # noqa: E402  (sync(): share tuning across ranks)
 from . import _activation  # noqa: E402  (CUDNN_CACHE_PATH: load now, save at exit)
 
 if os.environ.get(_activation.ENVIRONMENT):

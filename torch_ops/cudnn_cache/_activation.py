@@ -8,7 +8,8 @@ process exits, with no call in the training script.
 A file that cannot be loaded (corrupt, truncated, of a newer cudnn_cache) is moved aside, never overwritten,
 with a warning; the process starts with an empty cache. In a directory, files are named after the GPU
 (name, compute capability, SM count) and cuDNN major.minor, e.g. NVIDIA_H200-sm90-132sms-cudnn9.19.cache,
-so machines of different kinds can share one directory.
+so machines of different kinds can share one directory. The save at exit merges with what the file holds by
+then, under its lock (cudnn_cache.save), so many processes may share one file.
 """
 
 import atexit

@@ -11,6 +11,22 @@
 // new file is complete. A crash in between can leave a temporary ".<name>.tmp.XXXXXX" behind, which nothing
 // reads; any failure we can see removes it and throws Error naming the file and the reason.
 
+//
+// Note [Shared cache files]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Many processes (ranks, jobs, machines on a shared file system) may save into one file. An atomic write
+// alone keeps the file whole but lets the last writer win: what the others added is gone. So a save takes an
+// exclusive advisory lock (flock) on a side file "<file>.lock", reads what the file holds, merges its own
+// entries in (Note [Selection, merge and fallback policy]), writes the result atomically and only then lets
+// go. flock rather than fcntl: fcntl locks belong to the process, so two threads of one process would not
+// exclude each other, and closing any descriptor of the file drops them. The lock file stays (empty):
+// removing it while another process waits on it would let a third one lock a new file of the same name.
+// A lock is released by the kernel when its holder dies, so a crashed saver never blocks the others.
+// Waiting is bounded; a timeout is an error naming the file and what to do. Where the file system has no
+// locks (flock fails with ENOLCK, EOPNOTSUPP or ENOSYS, as on some network file systems), the save goes on
+// without one and says so once through the warning callback: concurrent savers may then lose entries.
+
+#include <functional>
 #include <string>
 
 namespace cudnn_cache {
@@ -21,5 +37,26 @@ std::string read_file(const std::string& path);
 // Replaces (or creates) the file with exactly these bytes, atomically; see Note [Atomic save].
 // An existing file keeps its permission bits; a new one gets 0644.
 void write_file_atomically(const std::string& path, const std::string& bytes);
+
+// The side file whose lock guards `path`: "<path>.lock".
+std::string lock_path_of(const std::string& path);
+
+// An exclusive advisory lock on lock_path_of(path), held until destroyed; see Note [Shared cache files].
+class FileLock {
+ public:
+  // Waits at most `timeout_seconds` (>= 0) for the lock. Throws Error naming the file, the timeout and what to
+  // do when it is not granted in time, or when the lock file cannot be opened. Where the file system has no
+  // locks, calls `warn` with the reason (stderr when empty) and holds nothing.
+  FileLock(const std::string& path, double timeout_seconds, const std::function<void(const std::string&)>& warn = {});
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+  // False where the file system has no locks and the save goes on without one.
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
 
 }  // namespace cudnn_cache

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -72,6 +73,9 @@ struct LoadReport {
   std::size_t plans = 0;              // stored plans in the file, all merged into the store
 };
 
+// The file's 64-bit checksum (Note [Checksum] in checkpoint.cpp) of any bytes; also the digest of entries.
+std::uint64_t checksum(const char* data, std::size_t size);
+
 // A copy of every entry of the store, stamped with this process's cuDNN and CUDA runtime versions.
 Checkpoint snapshot(const CacheStore& store);
 
@@ -96,8 +100,26 @@ Checkpoint from_json(const std::string& text, const std::string& source);
 // Reads and checks a cache file without touching any store.
 Checkpoint read_checkpoint(const std::string& path);
 
-// Writes every entry of the store to the file, atomically (Note [Atomic save]).
-void save(const CacheStore& store, const std::string& path);
+// How save() treats the file it writes; see Note [Shared cache files].
+struct SaveOptions {
+  bool merge = true;                  // keep what the file holds, merged with the store; false: replace it
+  double lock_timeout_seconds = 60.0;  // how long to wait for another process's save (>= 0)
+  std::function<void(const std::string&)> warn;  // the file system has no locks; stderr when empty
+};
+
+// What save() wrote.
+struct SaveReport {
+  std::size_t entries = 0;       // entries in the file now
+  std::size_t file_entries = 0;  // entries the file held before, merged in (0 when replacing or new)
+  bool locked = true;            // false where the file system has no locks
+};
+
+// Writes every entry of the store to the file, atomically (Note [Atomic save]), under the file's lock; by
+// default merged with the entries the file already holds (Note [Shared cache files]), so nothing another
+// process saved is lost. The store itself is not changed. Throws Error naming the file when it cannot: a
+// file that is there but cannot be read or is not a valid cache file is never overwritten by a merging
+// save (move it aside, or save with merge off to replace it).
+SaveReport save(const CacheStore& store, const std::string& path, const SaveOptions& options = {});
 
 // Reads the file and merges it into the store, all or nothing: on any error the store is unchanged.
 // Entries of another cuDNN major.minor than `running` are kept but never used, and counted in the report.

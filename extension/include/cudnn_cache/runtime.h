@@ -11,7 +11,11 @@
 //     then run the best;
 //   * heuristic: run cuDNN's heuristic order (cudnnGet*Algorithm_v7); nothing is stored, since nothing was
 //     measured;
-//   * error: throw an Error that names the key, so CI can prove a cache file covers a model.
+//   * error: throw an Error that names the key, so CI can prove a cache file covers a model;
+//   * record: run cuDNN's heuristic order, like heuristic, and remember the key (with its origin and
+//     backend) as a recorded miss, so that it can be tuned later, elsewhere or by another rank
+//     (cudnn_cache.distributed.sync; Note [Sharing tuning between processes]). A key carries every size,
+//     stride, data type and convolution parameter, so it is enough to re-create the tensors to time it on.
 // A call that cannot run its best cached candidate (out of memory for the workspace, NOT_SUPPORTED, ...)
 // counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do.
 //
@@ -31,8 +35,10 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cudnn_cache/algorithms.h"
 #include "cudnn_cache/cache_store.h"
@@ -40,9 +46,9 @@
 namespace cudnn_cache {
 
 // What happens when a convolution's key is not in the cache; see Note [Running a cached convolution].
-enum class MissPolicy { tune, heuristic, error };
+enum class MissPolicy { tune, heuristic, error, record };
 
-// "tune", "heuristic" or "error".
+// "tune", "heuristic", "error" or "record".
 const char* to_string(MissPolicy policy);
 // The policy of that name; throws Error naming the valid names otherwise.
 MissPolicy miss_policy_from_string(const std::string& name);
@@ -56,6 +62,13 @@ const char* to_string(Backend backend);
 Backend backend_from_string(const std::string& name);
 // Whether this process's cuDNN runs convolutions through the graph API (8.9 and later).
 bool graph_backend_available();
+
+// A key that missed under the record miss policy: what to tune, for which origin and through which backend.
+struct RecordedMiss {
+  Origin origin;
+  Backend backend = Backend::graph;
+  ConvolutionKey key;
+};
 
 // How much the runtime reports as it works: nothing; prepare() and other once-per-process events (info); or
 // also every hit, miss, tune and plan built or restored (debug). The CUDNN_CACHE_LOG environment variable
@@ -155,6 +168,16 @@ class Runtime {
   // The caches of CUDA device `index`; its identity is read once.
   DirectionCaches& caches_for_device(int index);
 
+  // The origin of CUDA device `index` (its identity is read once, as for caches_for_device).
+  const Origin& origin_of_device(int index);
+
+  // Remembers a miss of the backend's cache for the key (the record miss policy); a repeat is kept once.
+  void record_miss(const Origin& origin, Backend backend, const ConvolutionKey& key);
+  // The recorded misses that are still not cached, in order of origin, backend and key.
+  std::vector<RecordedMiss> recorded_misses() const;
+  // Forgets every recorded miss.
+  void clear_recorded_misses();
+
   // Runs the convolution of `key` on the buffers; see Note [Running a cached convolution]. With
   // `deterministic`, only candidates cuDNN reports as deterministic are run.
   template <typename Traits>
@@ -216,6 +239,9 @@ class Runtime {
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
+  std::array<Origin, kMaxDevices> device_origins_{};  // written under mutex_ before its device_caches_ slot
+  mutable std::mutex recorded_mutex_;                  // guards recorded_
+  std::set<std::tuple<Origin, int, ConvolutionKey>> recorded_;  // origin, backend, key
   std::mutex background_mutex_;  // guards background_
   std::future<PrepareReport> background_;
 };

@@ -17,4 +17,10 @@ Origin synthetic_origin();
 // The same seed gives the same entries.
 void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t entries, std::uint64_t seed = 1);
 
+// Stores a synthetic ranking for the key under `origin`, in the graph API's cache of its direction when
+// `graph`, else in the legacy one (merged with what the key holds). The same seed gives the same ranking.
+// Stands in for a search where there is no GPU: the distributed tests tune with it.
+void add_synthetic_ranking(CacheStore& store, const Origin& origin, bool graph, const ConvolutionKey& key,
+                           std::uint64_t seed = 1);
+
 }  // namespace cudnn_cache

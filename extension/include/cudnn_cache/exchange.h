@@ -1,0 +1,54 @@
+#pragma once
+
+// Sharing tuning between processes: each entry named by what it is for and by a digest of its content, so
+// that processes can tell what the others lack and send only that.
+//
+// Note [Sharing tuning between processes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// cudnn_cache.distributed.sync (torch_ops/cudnn_cache/distributed.py) runs over torch.distributed, any
+// backend, in three collective steps:
+//   1. every rank all-gathers its identity (the Origin of its GPU: device identity and cuDNN major.minor),
+//      the problems it needs (by default the misses the record policy remembered: backend + key; a key
+//      carries every size, stride, dtype and parameter, so any rank can re-create the tensors) and its
+//      inventory (below);
+//   2. a needed problem that no rank of the same identity holds is untuned; the untuned problems of an
+//      identity are ordered by estimated cost and dealt to the ranks of that identity in snake order
+//      (0..N-1, N-1..0), so each tunes about 1/N of them and nobody tunes one twice. Ranks of another
+//      identity never tune for it: a ranking is only valid where it was measured;
+//   3. every distinct entry (by digest) that some receiving rank lacks is sent once, by the lowest rank
+//      holding it, together with what each rank tuned, as the bytes of a checkpoint in uint8 tensors
+//      (all_gather); each rank merges what it receives with merge_into (Note [Selection, merge and
+//      fallback policy]: per candidate the faster measurement wins), so all ranks end with the same union.
+// Entries of other identities are filed under their own origin: a process only ever runs the rankings of
+// its own GPU and cuDNN, so keeping them costs nothing and lets any rank save a file for the whole fleet.
+//
+// An inventory lists, per entry, its origin, cache (backend and direction) and key, and a digest of its
+// content: the ranking and, for graph-API entries, the stored plan. Equal digests mean equal content.
+
+#include <cstdint>
+#include <unordered_set>
+#include <vector>
+
+#include "cudnn_cache/checkpoint.h"
+#include "cudnn_cache/runtime.h"
+
+namespace cudnn_cache {
+
+// One entry of a checkpoint, as processes that share tuning name it.
+struct EntryRecord {
+  Origin origin;
+  Backend backend = Backend::graph;
+  ConvolutionKey key;
+  std::uint64_t digest = 0;  // of origin, cache, key, ranking and stored plan
+};
+
+// Every entry of the checkpoint, in its order (origin, then cache, then key).
+std::vector<EntryRecord> inventory(const Checkpoint& checkpoint);
+
+// The entries whose digest is in `digests`, each with its stored plan if it has one.
+Checkpoint select(const Checkpoint& checkpoint, const std::unordered_set<std::uint64_t>& digests);
+
+// The sections of `origin` only.
+Checkpoint only_origin(const Checkpoint& checkpoint, const Origin& origin);
+
+}  // namespace cudnn_cache

@@ -1,0 +1,89 @@
+#include "cudnn_cache/exchange.h"
+
+#include <algorithm>
+#include <sstream>
+#include <type_traits>
+
+#include "cudnn_cache/serialization.h"
+
+namespace cudnn_cache {
+namespace {
+
+template <typename Traits>
+constexpr Backend backend_of() {
+  return std::is_same_v<typename Traits::Candidate, EngineCandidate> ? Backend::graph : Backend::legacy;
+}
+
+// The stored plan of the key in the section, or null.
+const StoredPlan* plan_of(const CheckpointSection& section, const ConvolutionKey& key) {
+  const auto found =
+      std::lower_bound(section.plans.begin(), section.plans.end(), key,
+                       [](const PlanStore::Entry& entry, const ConvolutionKey& k) { return entry.first < k; });
+  return found != section.plans.end() && found->first == key ? found->second.get() : nullptr;
+}
+
+// The digest of an entry: the file's checksum (Note [Checksum]) over the portable archive of everything it is.
+template <typename Traits>
+std::uint64_t digest(const Origin& origin, const ConvolutionKey& key, const Ranking<Traits>& ranking,
+                     const StoredPlan* plan) {
+  std::ostringstream bytes(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive archive(bytes);
+    archive(origin, static_cast<std::int32_t>(backend_of<Traits>()), key, ranking, plan != nullptr);
+    if (plan) archive(*plan);
+  }
+  const std::string text = std::move(bytes).str();
+  return checksum(text.data(), text.size());
+}
+
+}  // namespace
+
+std::vector<EntryRecord> inventory(const Checkpoint& checkpoint) {
+  std::vector<EntryRecord> records;
+  for (const CheckpointSection& section : checkpoint.sections) {
+    for_each_cache([&](auto traits) {
+      using Traits = decltype(traits);
+      for (const auto& [key, ranking] : section.entries<Traits>()) {
+        const StoredPlan* plan = backend_of<Traits>() == Backend::graph ? plan_of(section, key) : nullptr;
+        records.push_back({section.origin, backend_of<Traits>(), key, digest(section.origin, key, ranking, plan)});
+      }
+    });
+  }
+  return records;
+}
+
+Checkpoint select(const Checkpoint& checkpoint, const std::unordered_set<std::uint64_t>& digests) {
+  Checkpoint result;
+  result.header = checkpoint.header;
+  for (const CheckpointSection& section : checkpoint.sections) {
+    CheckpointSection chosen;
+    chosen.origin = section.origin;
+    for_each_cache([&](auto traits) {
+      using Traits = decltype(traits);
+      for (const auto& entry : section.entries<Traits>()) {
+        const auto& [key, ranking] = entry;
+        const StoredPlan* plan = backend_of<Traits>() == Backend::graph ? plan_of(section, key) : nullptr;
+        if (digests.count(digest(section.origin, key, ranking, plan)) == 0) continue;
+        chosen.entries<Traits>().push_back(entry);
+        if (plan) chosen.plans.emplace_back(key, std::make_shared<const StoredPlan>(*plan));
+      }
+    });
+    // Plans stay sorted by key: the caches are each sorted, but a key appears in at most one of the three
+    // graph caches (its direction is part of it), so sorting the few chosen plans is all that is needed.
+    std::sort(chosen.plans.begin(), chosen.plans.end(),
+              [](const PlanStore::Entry& a, const PlanStore::Entry& b) { return a.first < b.first; });
+    if (chosen.size() > 0) result.sections.push_back(std::move(chosen));
+  }
+  return result;
+}
+
+Checkpoint only_origin(const Checkpoint& checkpoint, const Origin& origin) {
+  Checkpoint result;
+  result.header = checkpoint.header;
+  for (const CheckpointSection& section : checkpoint.sections) {
+    if (section.origin == origin) result.sections.push_back(section);
+  }
+  return result;
+}
+
+}  // namespace cudnn_cache

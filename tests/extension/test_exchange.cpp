@@ -1,0 +1,102 @@
+// Inventories and selections for sharing tuning between processes (exchange.h, Note [Sharing tuning between
+// processes]).
+
+#include <catch2/catch.hpp>
+#include <set>
+
+#include "cache_fixtures.h"
+#include "cudnn_cache/exchange.h"
+#include "cudnn_cache/synthetic.h"
+
+using namespace cudnn_cache;
+using cudnn_cache::testing::conv_key;
+using cudnn_cache::testing::difference;
+using cudnn_cache::testing::engine;
+
+namespace {
+
+const CudnnVersion kRunning{9, 19, 0};
+const Origin kFirst = Origin::of(DeviceIdentity{"GPU A", 9, 0, 132}, kRunning);
+const Origin kSecond = Origin::of(DeviceIdentity{"GPU B", 8, 0, 108}, kRunning);
+
+std::unordered_set<std::uint64_t> digests_of(const std::vector<EntryRecord>& records) {
+  std::unordered_set<std::uint64_t> digests;
+  for (const EntryRecord& record : records) digests.insert(record.digest);
+  return digests;
+}
+
+}  // namespace
+
+TEST_CASE("an inventory names every entry once, by origin, backend and key", "[exchange]") {
+  CacheStore store;
+  add_synthetic_entries(store, kFirst, 40, 1);
+  add_synthetic_entries(store, kSecond, 30, 2);
+  const Checkpoint checkpoint = snapshot(store);
+  const std::vector<EntryRecord> records = inventory(checkpoint);
+  REQUIRE(records.size() == 70);
+  CHECK(digests_of(records).size() == 70);
+  std::size_t graph = 0;
+  for (const EntryRecord& record : records) {
+    const DirectionCaches* caches = store.find(record.origin);
+    REQUIRE(caches);
+    graph += record.backend == Backend::graph;
+    const bool found = record.backend == Backend::graph
+                           ? (record.key.direction == 0   ? caches->graph_forward.find(record.key).has_value()
+                              : record.key.direction == 1 ? caches->graph_backward_data.find(record.key).has_value()
+                                                          : caches->graph_backward_filter.find(record.key).has_value())
+                           : (record.key.direction == 0   ? caches->forward.find(record.key).has_value()
+                              : record.key.direction == 1 ? caches->backward_data.find(record.key).has_value()
+                                                          : caches->backward_filter.find(record.key).has_value());
+    CHECK(found);
+  }
+  CHECK(graph > 0);
+  CHECK(graph < records.size());
+}
+
+TEST_CASE("digests are equal for equal content and differ when the ranking or the plan differs", "[exchange]") {
+  const ConvolutionKey key = conv_key(Direction::forward);
+  auto store_with = [&](float time_ms, bool with_plan) {
+    auto store = std::make_unique<CacheStore>();
+    store->caches(kFirst).graph_forward.insert(key, Ranking<GraphForwardTraits>::of({engine(3, time_ms)}));
+    if (with_plan) store->caches(kFirst).plans.insert(key, StoredPlan{engine(3, time_ms), 91900, {1, 2, 3}});
+    return store;
+  };
+  const auto digest = [](const CacheStore& store) { return inventory(snapshot(store)).at(0).digest; };
+  CHECK(digest(*store_with(1.0f, false)) == digest(*store_with(1.0f, false)));  // another process, same content
+  CHECK(digest(*store_with(1.0f, false)) != digest(*store_with(2.0f, false)));
+  CHECK(digest(*store_with(1.0f, false)) != digest(*store_with(1.0f, true)));
+
+  CacheStore other_origin;
+  other_origin.caches(kSecond).graph_forward.insert(key, Ranking<GraphForwardTraits>::of({engine(3, 1.0f)}));
+  CHECK(digest(other_origin) != digest(*store_with(1.0f, false)));
+}
+
+TEST_CASE("select keeps exactly the chosen entries with their plans; merging selections rebuilds the whole",
+          "[exchange]") {
+  CacheStore store;
+  add_synthetic_entries(store, kFirst, 60, 3);
+  add_synthetic_entries(store, kSecond, 20, 4);
+  const ConvolutionKey key = conv_key(Direction::backward_filter, 5);
+  store.caches(kFirst).graph_backward_filter.insert(key, Ranking<GraphBackwardFilterTraits>::of({engine(9, 0.25f)}));
+  store.caches(kFirst).plans.insert(key, StoredPlan{engine(9, 0.25f), 91900, {4, 5, 6}});
+  const Checkpoint whole = snapshot(store);
+  const std::vector<EntryRecord> records = inventory(whole);
+
+  // Split the entries in two halves, as two ranks would send them, and merge both into a fresh store.
+  std::unordered_set<std::uint64_t> even, odd;
+  for (std::size_t i = 0; i < records.size(); ++i) (i % 2 ? odd : even).insert(records[i].digest);
+  const Checkpoint first = select(whole, even), second = select(whole, odd);
+  CHECK(first.size() + second.size() == whole.size());
+  CHECK(inventory(first).size() == even.size());
+  CHECK(first.sections.at(0).plans.size() + second.sections.at(0).plans.size() == 1);
+  CacheStore rebuilt;
+  merge_into(rebuilt, deserialize(serialize(first), "rank 0"));
+  merge_into(rebuilt, deserialize(serialize(second), "rank 1"));
+  CHECK(difference(whole, snapshot(rebuilt)) == "");
+
+  CHECK(select(whole, {}).sections.empty());
+  const Checkpoint mine = only_origin(whole, kSecond);
+  REQUIRE(mine.sections.size() == 1);
+  CHECK(mine.sections[0].origin == kSecond);
+  CHECK(mine.size() == 20);
+}
