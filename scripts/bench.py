@@ -852,6 +852,9 @@ def parse_args(argv=None):
                         help="cudnn_cache.set_backend for the cache modes and the overhead case (default graph)")
     parser.add_argument("--audit", action="store_true",
                         help="after cache_cold, time every tuned key against native's choices (cudnn_cache.audit)")
+    parser.add_argument("--combine", nargs="+", type=pathlib.Path, metavar="JSON",
+                        help="no benchmark: one report (JSON, markdown, chart) of the JSON reports of runs split "
+                             "in parts, e.g. to fit a time limit")
     parser.add_argument("--tuning", nargs="*", default=[], metavar="NAME=VALUE",
                         help="cudnn_cache.set_tuning_options for the cache cases, e.g. flush_l2=0 max_candidates=5")
     parser.add_argument("--quick", action="store_true",
@@ -898,8 +901,38 @@ def parse_args(argv=None):
     return args
 
 
+def combine(paths: List[pathlib.Path]) -> dict:
+    """One report of the JSON reports of several runs of this script on one machine (a run split in parts to
+    fit a time limit): their cases and overhead, the first run's environment and settings, each part's
+    workloads and date in settings['parts']. Refuses reports of different GPUs, versions or settings."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    first = reports[0]
+    same = ("gpu", "torch", "cudnn")
+    for path, report in zip(paths[1:], reports[1:]):
+        for key in same:
+            if report["environment"].get(key) != first["environment"].get(key):
+                raise SystemExit(f"bench --combine: {path} ran with {key} {report['environment'].get(key)!r}, "
+                                 f"{paths[0]} with {first['environment'].get(key)!r}: runs of one setup only")
+        for key in ("backend", "steps", "warmup", "tuning", "audit"):
+            if report["settings"].get(key) != first["settings"].get(key):
+                raise SystemExit(f"bench --combine: {path} has setting {key}={report['settings'].get(key)!r}, "
+                                 f"{paths[0]} {first['settings'].get(key)!r}: combine runs of the same settings")
+    combined = {"environment": first["environment"], "settings": dict(first["settings"]), "notes": first["notes"],
+                "cases": [case for report in reports for case in report["cases"]],
+                "overhead": next((r["overhead"] for r in reports if r.get("overhead")), None)}
+    combined["settings"]["parts"] = [{"file": str(path), "workloads": r["settings"]["workloads"],
+                                      "date": r["environment"].get("date")} for path, r in zip(paths, reports)]
+    combined["settings"]["workloads"] = [w for r in reports for w in r["settings"]["workloads"]]
+    return combined
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.combine:
+        report = combine(args.combine)
+        print(write_reports(report, args.json, args.output_dir))
+        print(f"bench: combined {len(args.combine)} runs into {args.json} and {args.output_dir / 'bench.md'}")
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench: no CUDA GPU is visible (torch.cuda.is_available() is False); this benchmark times cuDNN and "
               "needs one. Nothing was written.", file=sys.stderr)

@@ -245,6 +245,31 @@ def run_script(*args, env=None):
                           env=env, timeout=300)
 
 
+def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
+    full = synthetic_report()
+    workloads = sorted({c["workload"] for c in full["cases"]})
+    parts = []
+    for index, chosen in enumerate((workloads[:1], workloads[1:])):
+        part = json.loads(json.dumps(full))
+        part["cases"] = [c for c in part["cases"] if c["workload"] in chosen]
+        part["settings"]["workloads"] = chosen
+        part["overhead"] = full["overhead"] if index == 1 else None
+        parts.append(tmp_path / f"part{index}.json")
+        parts[-1].write_text(json.dumps(part))
+    assert bench.main(["--combine", *map(str, parts), "--output-dir", str(tmp_path / "out"),
+                       "--json", str(tmp_path / "out" / "all.json")]) == 0
+    combined = json.loads((tmp_path / "out" / "all.json").read_text())
+    assert len(combined["cases"]) == len(full["cases"]) and combined["overhead"] == full["overhead"]
+    assert [p["workloads"] for p in combined["settings"]["parts"]] == [workloads[:1], workloads[1:]]
+    assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench.check_targets(full)}
+
+    other = json.loads(parts[1].read_text())
+    other["environment"]["gpu"] = "NVIDIA A100"
+    parts[1].write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="ran with gpu 'NVIDIA A100'"):
+        bench.main(["--combine", *map(str, parts), "--output-dir", str(tmp_path / "out2")])
+
+
 def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "1,3,8,8",
                            "--weight", "4,3,3,3"], capture_output=True, text=True, timeout=300,
