@@ -90,7 +90,7 @@ def test_json_export_and_import_round_trip(cli, files, tmp_path):
     assert cli("export", a, "--json", "-o", tmp_path / "a.json").returncode == 0
     assert json.loads((tmp_path / "a.json").read_text()) == document
 
-    imported = cli("import", tmp_path / "a.json", "-o", tmp_path / "back.cache")
+    imported = cli("import", "--json", tmp_path / "a.json", "-o", tmp_path / "back.cache")
     assert imported.returncode == 0 and "wrote 30 entries" in imported.stdout
     assert cli("diff", a, tmp_path / "back.cache").returncode == 0
 

@@ -6,7 +6,7 @@
     python -m cudnn_cache diff A B                  entries only in A, only in B, and with another best
     python -m cudnn_cache merge A B [...] -o OUT    one file of all; per candidate the faster measurement wins
     python -m cudnn_cache export FILE --json [-o OUT]   the file as JSON (stdout without -o)
-    python -m cudnn_cache import JSON -o FILE       a cache file from a JSON export
+    python -m cudnn_cache import [--json] JSON -o FILE  a cache file from a JSON export
 
 Files are written atomically (temp file, fsync, rename); none of these commands touches a process's cache.
 An export can be edited and imported again; the import makes the loader's checks (valid keys, ranked
@@ -127,7 +127,9 @@ def parser() -> argparse.ArgumentParser:
     command.set_defaults(run=_export)
 
     command = commands.add_parser("import", help="a cache file from a JSON export")
-    command.add_argument("json")
+    command.add_argument("json", metavar="JSON")
+    command.add_argument("--json", dest="json_format", action="store_true",
+                         help="the format (the only one, so optional; for symmetry with export --json)")
     command.add_argument("-o", "--output", required=True)
     command.set_defaults(run=_import)
     return main
