@@ -412,6 +412,16 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
           }
         });
         archive.finishNode();
+        // What deserialize could never give: the bytes of this version have no place for them.
+        if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
+                                                                   section.backward_filter.size()) {
+          detail::throw_invalid("format_version ", version, " cannot hold graph-API entries (section ", i,
+                                " has some); set format_version to ", kFormatVersion);
+        }
+        if (!holds_plans(version) && !section.plans.empty()) {
+          detail::throw_invalid("format_version ", version, " cannot hold stored plans (section ", i,
+                                " has some); set format_version to ", kFormatVersion);
+        }
         checkpoint.sections.push_back(std::move(section));
       }
     });

@@ -1,15 +1,20 @@
 // Cache files: round trips, load reports, merging loads, the header, and rejection of every kind of damage
 // with the store left as it was (checkpoint.h, Note [Atomic save] in atomic_file.h).
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "cache_fixtures.h"
 #include "cudnn_cache/atomic_file.h"
@@ -333,6 +338,53 @@ TEST_CASE("a file with a valid checksum but an invalid entry is rejected", "[che
              Contains("'forged.bin' is corrupt") && Contains(reason));
 }
 
+// cudnnStatus_t cannot hold every int32 (serialization.h), so a stored status outside its range is refused
+// before it is cast. The payload is patched by hand: no Candidate can carry such a status to serialize.
+TEST_CASE("a file with a valid checksum but a status no cudnnStatus_t can hold is rejected", "[checkpoint]") {
+  CacheStore store;
+  store.caches(running_origin()).forward.insert(
+      conv_key(Direction::forward),
+      Ranking<Fwd>::of({candidate<Fwd>(2, 1.0f), candidate<Fwd>(1, 0.0f, 0, CUDNN_STATUS_EXECUTION_FAILED_CURAND)}));
+  const Checkpoint checkpoint = snapshot(store);
+  const std::string bytes = serialize(checkpoint);
+  constexpr std::size_t kHeader = 29, kChecksum = 8;
+  std::string payload = bytes.substr(kHeader, bytes.size() - kHeader - kChecksum);
+  REQUIRE(frame_payload(checkpoint.header, payload) == bytes);
+  std::string status(4, '\0');
+  put_u32(status, 0, CUDNN_STATUS_EXECUTION_FAILED_CURAND);
+  const std::size_t at = payload.find(status);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(payload.find(status, at + 1) == std::string::npos);
+  const std::uint32_t value = GENERATE(std::uint32_t{1} << 13, std::uint32_t{1} << 24, 0xffffffffu);
+  put_u32(payload, at, value);
+  CHECK_THAT(error_of([&] { deserialize(frame_payload(checkpoint.header, payload), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") &&
+                 Contains("cuDNN status " + std::to_string(static_cast<std::int32_t>(value))));
+  put_u32(payload, at, (1 << 13) - 1);  // within the range: a status this cuDNN does not name, kept as a failure
+  const Checkpoint read = deserialize(frame_payload(checkpoint.header, payload), "unknown status.bin");
+  CHECK_FALSE(read.sections[0].forward[0].second[1].succeeded());
+}
+
+// A device name with a NUL in it loaded, but its JSON export imported with the name cut at the NUL (the fuzzer).
+TEST_CASE("a file with a valid checksum but a device name that is not printable ASCII is rejected", "[checkpoint]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  const Checkpoint checkpoint = snapshot(store);
+  const std::string bytes = serialize(checkpoint);
+  std::string payload = bytes.substr(29, bytes.size() - 29 - 8);
+  const std::size_t at = payload.find("Test GPU");
+  REQUIRE(at != std::string::npos);
+  const char replacement = GENERATE('\0', '\n', '\x7f', '\xb7');
+  payload[at + 4] = replacement;
+  CAPTURE(static_cast<int>(replacement));
+  CHECK_THAT(error_of([&] { deserialize(frame_payload(checkpoint.header, payload), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") && Contains("device name that is not printable ASCII"));
+  CacheStore named;
+  named.caches(Origin::of(DeviceIdentity{std::string("Test\0GPU", 8), 9, 0, 132}, kRunning))
+      .forward.insert(conv_key(Direction::forward), Ranking<Fwd>::of({candidate<Fwd>(0, 1.0f)}));
+  CHECK_THAT(error_of([&] { serialize(snapshot(named)); }), Contains("not printable ASCII"));
+}
+
 // cudnnFind*AlgorithmEx reports a time of -1 for the algorithms that failed (NOT_SUPPORTED, ALLOC_FAILED...);
 // Runtime::search caches its ranking, failures included (Candidate::from_perf stores their time as 0). Such a
 // cache must load again.
@@ -587,3 +639,4 @@ TEST_CASE("a file with a valid checksum but an invalid stored plan is rejected",
   CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
              Contains("'forged.bin' is corrupt") && Contains(reason));
 }
+
