@@ -640,3 +640,198 @@ TEST_CASE("a file with a valid checksum but an invalid stored plan is rejected",
              Contains("'forged.bin' is corrupt") && Contains(reason));
 }
 
+// --- Concurrency (scripts/sanitize.sh tsan runs the [concurrency] tests) -------------------------------------
+
+TEST_CASE("threads insert into and find in every cache of new origins while others save, load and merge",
+          "[checkpoint][concurrency]") {
+  constexpr int kWriters = 4, kKeysPerWriter = 40;
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  CacheStore store;
+  // Writer w fills origin w % 2 (created by whichever thread comes first) with keys nobody else writes, in
+  // every direction of both backends, plus stored plans, and looks up keys of every writer as it goes.
+  auto origin_of = [](int writer) {
+    return Origin::of(DeviceIdentity{writer % 2 ? "GPU B" : "GPU A", 9, 0, 132}, kRunning);
+  };
+  auto key_of = [](Direction direction, int writer, int i) {
+    return conv_key(direction, 1 + i, 1 + writer);  // channels tell writers apart, batches keys
+  };
+  std::atomic<int> writers_done{0}, bad_finds{0}, saves{0}, bad_saves{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < kKeysPerWriter; ++i) {
+        DirectionCaches& caches = store.caches(origin_of(w));
+        caches.forward.insert(key_of(Direction::forward, w, i), Ranking<Fwd>::of({candidate<Fwd>(i % 8, 1.0f + i)}));
+        caches.backward_data.insert(key_of(Direction::backward_data, w, i),
+                                    Ranking<BwdData>::of({candidate<BwdData>(i % 6, 2.0f)}));
+        caches.backward_filter.insert(key_of(Direction::backward_filter, w, i),
+                                      Ranking<BwdFilter>::of({candidate<BwdFilter>(i % 7, 3.0f)}));
+        caches.graph_forward.insert(key_of(Direction::forward, w, i),
+                                    Ranking<GraphForwardTraits>::of({engine(i, 0.5f, {{2, i}})}));
+        caches.graph_backward_data.insert(key_of(Direction::backward_data, w, i),
+                                          Ranking<GraphBackwardDataTraits>::of({engine(i, 0.5f)}));
+        caches.graph_backward_filter.insert(key_of(Direction::backward_filter, w, i),
+                                            Ranking<GraphBackwardFilterTraits>::of({engine(i, 0.5f)}));
+        StoredPlan plan;
+        plan.config = engine(i, 0.5f);
+        plan.bytes.assign(16 + i, static_cast<std::uint8_t>(w));
+        caches.plans.insert(key_of(Direction::forward, w, i), plan);
+        const int other = (w + 1 + i) % kWriters;
+        const auto found = store.caches(origin_of(other)).forward.find(key_of(Direction::forward, other, i));
+        if (found && found->front().time_ms != 1.0f + i) ++bad_finds;
+        const auto mine = caches.graph_forward.find(key_of(Direction::forward, w, i));
+        if (!mine || mine->front().engine_id != i) ++bad_finds;
+      }
+      ++writers_done;
+    });
+  }
+  // Saves the store while it changes; each file must load and never hold fewer entries than the one before.
+  threads.emplace_back([&] {
+    std::size_t previous = 0;
+    do {
+      save(store, path);
+      const Checkpoint read = read_checkpoint(path);
+      if (read.size() < previous) ++bad_saves;  // the store only grows
+      previous = read.size();
+      ++saves;
+    } while (writers_done.load() < kWriters);
+  });
+  // Loads those files into a second store while a reader walks it.
+  CacheStore copy;
+  std::atomic<bool> copying{true};
+  threads.emplace_back([&] {
+    while (writers_done.load() < kWriters) {
+      try {
+        load(copy, path, kRunning);
+      } catch (const Error&) {  // no file saved yet
+      }
+    }
+    copying = false;
+  });
+  threads.emplace_back([&] {
+    while (copying.load()) {
+      for (const auto& [origin, caches] : copy.origins()) {
+        for (const auto& [key, ranking] : caches->graph_forward.entries()) {
+          if (ranking.empty() || ranking.front().engine_id != key.input.dims[0] - 1) ++bad_finds;
+        }
+      }
+      (void)snapshot(copy);
+    }
+  });
+  for (auto& thread : threads) thread.join();
+  CHECK(bad_finds == 0);
+  CHECK(bad_saves == 0);
+  CHECK(saves > 0);
+
+  save(store, path);
+  const Checkpoint final_file = read_checkpoint(path);
+  CHECK(difference(snapshot(store), final_file) == "");
+  CHECK(final_file.size() == static_cast<std::size_t>(kWriters * kKeysPerWriter * 6));
+  load(copy, path, kRunning);
+  CHECK(difference(snapshot(store), snapshot(copy)) == "");
+}
+
+// --- Crash safety: Note [Atomic save] under SIGKILL -------------------------------------------------------------
+
+namespace {
+
+// Runs `tool validate path`; true if it exits 0. Without the tool (CUDNN_CACHE_TOOL undefined), true.
+bool tool_validates(const std::string& path) {
+#ifdef CUDNN_CACHE_TOOL
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::execl(CUDNN_CACHE_TOOL, CUDNN_CACHE_TOOL, "validate", path.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  if (child < 0 || ::waitpid(child, &status, 0) != child) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+#else
+  (void)path;
+  return true;
+#endif
+}
+
+}  // namespace
+
+// A child saves two stores over one file in turn, forever; the parent kills it with SIGKILL after a random
+// delay spread over a little more than one save of each, many times. After every kill the file must be one of
+// the two complete files, byte for byte, and validate; a temporary file may be left behind (Note [Atomic
+// save]), nothing else. Half the kills hit save() itself, whose time goes mostly to snapshot and serialize;
+// the other half hit write_file_atomically with the bytes ready, so that they land in the file operations.
+TEST_CASE("a save killed with SIGKILL at any moment leaves the old or the new file, complete", "[checkpoint][crash]") {
+  constexpr int kKills = 250;
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  CacheStore first, second;
+  fill(first, 3000, 1);
+  fill(second, 2000, 2);
+  const std::string first_bytes = serialize(snapshot(first));
+  const std::string second_bytes = serialize(snapshot(second));
+  REQUIRE(first_bytes != second_bytes);
+  save(first, path);
+
+  std::mt19937 random(4242);
+  int found_first = 0, found_second = 0, temporaries_left = 0;
+  for (const bool whole_save : {true, false}) {
+    const auto save_both = [&] {
+      if (whole_save) {
+        save(second, path);
+        save(first, path);
+      } else {
+        write_file_atomically(path, second_bytes);
+        write_file_atomically(path, first_bytes);
+      }
+    };
+    const auto started = std::chrono::steady_clock::now();
+    save_both();
+    const auto cycle = std::chrono::steady_clock::now() - started;
+    const long cycle_us = static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(cycle).count());
+    std::uniform_int_distribution<long> delay_us(0, cycle_us * 5 / 4 + 1);
+    for (int kill = 0; kill < kKills / 2; ++kill) {
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {  // no Catch2 in here
+        try {
+          for (;;) save_both();
+        } catch (...) {
+        }
+        ::_exit(1);
+      }
+      const long delay = delay_us(random);
+      ::usleep(static_cast<useconds_t>(delay));
+      REQUIRE(::kill(child, SIGKILL) == 0);
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      CAPTURE(whole_save, kill, delay);
+      REQUIRE(WIFSIGNALED(status));  // it was still saving, not failed
+
+      const std::string bytes = read_file(path);
+      const bool is_first = bytes == first_bytes, is_second = bytes == second_bytes;
+      CHECK((is_first || is_second));
+      found_first += is_first;
+      found_second += is_second;
+      CHECK_NOTHROW(read_checkpoint(path));
+      CHECK(tool_validates(path));
+      for (const std::string& name : folder.listing()) {  // only the file and, maybe, one temporary of it
+        if (name == "cache.bin") continue;
+        CHECK(name.rfind(".cache.bin.tmp.", 0) == 0);
+        ++temporaries_left;
+        std::filesystem::remove(folder.file(name));
+      }
+    }
+  }
+  INFO("after " << kKills << " kills: the first file " << found_first << " times, the second " << found_second
+                << ", a temporary file left " << temporaries_left << " times");
+  CHECK(found_first + found_second == kKills);
+  // The kills fell both between saves and inside them: each file was found, and temporaries were left. (How
+  // often depends on the machine's speed, so only their presence is required.)
+  CHECK(found_first > 0);
+  CHECK(found_second > 0);
+  CHECK(temporaries_left > 0);
+  WARN("crash-safety: " << kKills << " kills; the first file " << found_first << " times, the second "
+                        << found_second << ", a temporary file left " << temporaries_left << " times");
+}

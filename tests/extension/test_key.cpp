@@ -225,12 +225,11 @@ TEST_CASE("invalid convolution descriptor values are rejected", "[key]") {
   REQUIRE_THROWS_WITH(make({0, 0}, {1, 1}, {1, 1}, 0), Contains("groups is 0"));
   REQUIRE_THROWS_WITH(make({0, 0}, {1}, {1, 1}, 1), Contains("one value per spatial dimension"));
   REQUIRE_THROWS_WITH(make({0, 0, 0, 0}, {1, 1, 1, 1}, {1, 1, 1, 1}, 1), Contains("one value per spatial dimension"));
-  REQUIRE_THROWS_WITH(make({0, 0}, {1, 1}, {1, 1}, 1, static_cast<cudnnConvolutionMode_t>(5)), Contains("mode 5"));
   REQUIRE_THROWS_WITH(make({0, 0}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_INT8),
                       Contains("compute type"));
-  REQUIRE_THROWS_WITH(make({0, 0}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, kFloat,
-                           static_cast<cudnnMathType_t>(42)),
-                      Contains("math type 42"));
+  // A mode or math type outside its enum cannot be passed here at all: casting 5 to cudnnConvolutionMode_t is
+  // undefined behaviour (UBSan said so). Keys read from files carry them as int32 words, and check_key refuses
+  // those (the next tests).
 }
 
 TEST_CASE("parts of a convolution key that do not fit together are rejected", "[key]") {
@@ -452,6 +451,7 @@ TEST_CASE("check_key names what is wrong with an invalid key", "[key]") {
       {"nonzero unused convolution slot", [](ConvolutionKey& k) { k.convolution.padding[2] = 1; }, "unused slot"},
       {"non-canonical batch stride", [](ConvolutionKey& k) { k.input.strides[0] = 999; }, "not canonical"},
       {"bad math type", [](ConvolutionKey& k) { k.convolution.math_type = 42; }, "math type 42"},
+      {"bad mode", [](ConvolutionKey& k) { k.convolution.mode = 5; }, "mode 5"},
       {"zero groups", [](ConvolutionKey& k) { k.convolution.groups = 0; }, "groups 0"},
       {"bad weight format", [](ConvolutionKey& k) { k.weight.format = 9; }, "format 9"},
       {"bad data type", [](ConvolutionKey& k) { k.output.data_type = CUDNN_DATA_INT8; }, "unsupported data type"},
