@@ -7,7 +7,8 @@
 #   scripts/sanitize.sh asan --build-only   only builds (scripts/fuzz.sh uses it)
 #
 # The core links the CUDA toolkit's cuDNN and CUDA runtime, which are not instrumented; the few reports they
-# cause are suppressed in scripts/sanitizers/*.supp, each with its reason. Any other report fails the run.
+# cause are suppressed in scripts/sanitizers/*.supp (and ignorelist.txt at compile time), each with its reason.
+# Any other report fails the run.
 # Extra arguments after the mode go to the test binary (e.g. a Catch2 test name or tag).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ case "$mode" in
     # UBSan's checks stay recoverable so that ubsan.supp applies; halt_on_error=1 below stops at the first
     # report that is not suppressed.
     flags="-fsanitize=address,undefined,fuzzer-no-link -fno-omit-frame-pointer"
+    flags+=" -fsanitize-ignorelist=$PWD/scripts/sanitizers/ignorelist.txt"
     fuzzers=ON
     ;;
   tsan)
