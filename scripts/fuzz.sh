@@ -24,7 +24,11 @@ export ASAN_OPTIONS="detect_leaks=1:protect_shadow_gap=0${symbolizer:+:external_
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$PWD/scripts/sanitizers/ubsan.supp"
 export LSAN_OPTIONS="suppressions=$PWD/scripts/sanitizers/lsan.supp"
 "$build_dir/tests/fuzz/cudnn_cache_fuzz_seeds" "$seeds"
-# New inputs go into the first folder (the corpus); the seeds are read only. -max_len: the seeds are at most a
-# few KB, and longer inputs only slow the search down.
-exec "$build_dir/tests/fuzz/cudnn_cache_fuzz_checkpoint" "$corpus" "$seeds" -max_total_time="$seconds" -max_len=8192 \
-  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$artifacts/" "$@"
+# New inputs go into the first folder (the corpus); the seeds and tests/fuzz/regressions (inputs that once
+# failed, kept so they are replayed on every run) are read only. -max_len: the seeds are at most a few KB, and
+# longer inputs only slow the search down. It runs in the build folder, where -jobs=N puts its fuzz-N.log files.
+root=$PWD
+cd "$build_dir"
+exec tests/fuzz/cudnn_cache_fuzz_checkpoint fuzz-corpus fuzz-seeds "$root/tests/fuzz/regressions" \
+  -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix=fuzz-artifacts/ "$@"

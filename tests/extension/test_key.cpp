@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -469,6 +470,24 @@ TEST_CASE("check_key names what is wrong with an invalid key", "[key]") {
     corruption.apply(key);
     CHECK_THAT(check_key(key), Contains(corruption.expected_message));
   }
+}
+
+// Error messages print the key; a key from a file with five sizes of 2^31 - 1 overflowed 64 bits when its
+// layout was worked out for the message (the fuzzer, under UBSan).
+TEST_CASE("a key whose sizes multiply beyond 64 bits is refused and printed", "[key]") {
+  Conv2d c;
+  c.batch = 1;
+  ConvolutionKey key = key_of(c);
+  for (int d = 0; d < 4; ++d) key.input.dims[d] = std::numeric_limits<std::int32_t>::max();
+  CHECK_FALSE(check_key(key).empty());
+  std::ostringstream printed;  // what make_convolution_key's messages print
+  printed << key;
+  CHECK_THAT(printed.str(), Contains("[2147483647, 2147483647, 2147483647, 2147483647]"));
+  key.input.data_type = 12345;  // not a cudnnDataType_t: refused and printed, never cast
+  CHECK_FALSE(check_key(key).empty());
+  std::ostringstream unsupported;
+  unsupported << key;
+  CHECK_THAT(unsupported.str(), Contains("invalid"));
 }
 
 // --- layout_name ----------------------------------------------------------------------------------------------
