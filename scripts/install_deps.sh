@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything building and testing cudnn_cache needs on a fresh Debian machine with the CUDA toolkit:
-# Debian's cereal, Catch2, Google Benchmark, CMake and Ninja; from PyPI, PyTorch 2.11.0 (which brings the cuDNN
-# the project builds against), the matching torchvision (for the warm start's model names), pytest, numpy and
-# tqdm; and cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only
-# installs what is missing.
+# Debian's cereal, Catch2, Google Benchmark, CMake, Ninja, and clang with its sanitizer and libFuzzer runtimes
+# (scripts/sanitize.sh, scripts/fuzz.sh); from PyPI, PyTorch 2.11.0 (which brings the cuDNN the project builds
+# against), the matching torchvision (for the warm start's model names), pytest, numpy and tqdm; and
+# cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only installs
+# what is missing.
 set -euo pipefail
 
-debian_packages=(libcereal-dev catch2 libbenchmark-dev cmake ninja-build g++)
+# clang, its sanitizer and libFuzzer runtimes and llvm's symbolizer: scripts/sanitize.sh and scripts/fuzz.sh.
+debian_packages=(libcereal-dev catch2 libbenchmark-dev cmake ninja-build g++ clang libclang-rt-14-dev llvm)
 missing=()
 for package in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")

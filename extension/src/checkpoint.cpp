@@ -265,13 +265,15 @@ void merge_into(CacheStore& store, const Checkpoint& checkpoint) {
 }
 
 std::string serialize(const Checkpoint& checkpoint) {
-  const std::string payload = serialize_payload(checkpoint);
+  return frame_payload(checkpoint.header, serialize_payload(checkpoint));
+}
+
+std::string frame_payload(const CheckpointHeader& header, const std::string& payload) {
   std::ostringstream bytes(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive archive(bytes);
-    archive(cereal::binary_data(kMagic.data(), kMagic.size()), checkpoint.header.format_version,
-            checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version,
-            static_cast<std::uint64_t>(payload.size()));
+    archive(cereal::binary_data(kMagic.data(), kMagic.size()), header.format_version, header.cudnn_version,
+            header.cuda_runtime_version, static_cast<std::uint64_t>(payload.size()));
     archive(cereal::binary_data(payload.data(), payload.size()));
     const std::string framed = bytes.str();
     archive(checksum(framed.data(), framed.size()));
@@ -416,6 +418,16 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
           }
         });
         archive.finishNode();
+        // What deserialize could never give: the bytes of this version have no place for them.
+        if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
+                                                                   section.backward_filter.size()) {
+          detail::throw_invalid("format_version ", version, " cannot hold graph-API entries (section ", i,
+                                " has some); set format_version to ", kFormatVersion);
+        }
+        if (!holds_plans(version) && !section.plans.empty()) {
+          detail::throw_invalid("format_version ", version, " cannot hold stored plans (section ", i,
+                                " has some); set format_version to ", kFormatVersion);
+        }
         checkpoint.sections.push_back(std::move(section));
       }
     });

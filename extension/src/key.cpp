@@ -1,5 +1,6 @@
 #include "cudnn_cache/key.h"
 
+#include <algorithm>
 #include <limits>
 #include <ostream>
 #include <sstream>
@@ -178,10 +179,12 @@ TensorKey make_tensor_key(cudnnDataType_t data_type, IntSpan sizes, Layout layou
   key.nb_dims = to_dims(sizes, name, key.dims);
   const int n = key.nb_dims;
   std::array<std::int64_t, kMaxTensorDims> strides{};
+  // Saturates just past cuDNN's range, which canonicalize_strides refuses: five sizes of up to 2^31 - 1 would
+  // overflow 64 bits (a fuzzed file's key did, printed in its error message).
   std::int64_t extent = 1;
   auto pack = [&](int d) {
     strides[d] = extent;
-    extent *= key.dims[d];
+    extent = std::min(extent * key.dims[d], kInt32Max + 1);
   };
   if (layout == Layout::nhwc) pack(1);
   for (int d = n - 1; d >= 2; --d) pack(d);
@@ -363,6 +366,8 @@ std::string check_key(const ConvolutionKey& key) {
 }
 
 std::string layout_name(const TensorKey& key) {
+  // A key read from a file may hold any int32: only a supported type may be cast to cudnnDataType_t.
+  if (!is_supported_data_type(key.data_type)) throw Error(detail::concat("unsupported data type ", key.data_type));
   const bool five_d = key.nb_dims == 5;
   const std::array<std::int64_t, kMaxTensorDims> sizes{key.dims[0], key.dims[1], key.dims[2], key.dims[3],
                                                        key.dims[4]};

@@ -1,17 +1,21 @@
 // Cache files: round trips, load reports, merging loads, the header, and rejection of every kind of damage
 // with the store left as it was (checkpoint.h, Note [Atomic save] in atomic_file.h).
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <thread>
 
 #include "cache_fixtures.h"
 #include "cudnn_cache/atomic_file.h"
@@ -333,6 +337,53 @@ TEST_CASE("a file with a valid checksum but an invalid entry is rejected", "[che
   RejectionChecker().check(serialize(checkpoint), {"corrupt"});
   CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
              Contains("'forged.bin' is corrupt") && Contains(reason));
+}
+
+// cudnnStatus_t cannot hold every int32 (serialization.h), so a stored status outside its range is refused
+// before it is cast. The payload is patched by hand: no Candidate can carry such a status to serialize.
+TEST_CASE("a file with a valid checksum but a status no cudnnStatus_t can hold is rejected", "[checkpoint]") {
+  CacheStore store;
+  store.caches(running_origin()).forward.insert(
+      conv_key(Direction::forward),
+      Ranking<Fwd>::of({candidate<Fwd>(2, 1.0f), candidate<Fwd>(1, 0.0f, 0, CUDNN_STATUS_EXECUTION_FAILED_CURAND)}));
+  const Checkpoint checkpoint = snapshot(store);
+  const std::string bytes = serialize(checkpoint);
+  constexpr std::size_t kHeader = 29, kChecksum = 8;
+  std::string payload = bytes.substr(kHeader, bytes.size() - kHeader - kChecksum);
+  REQUIRE(frame_payload(checkpoint.header, payload) == bytes);
+  std::string status(4, '\0');
+  put_u32(status, 0, CUDNN_STATUS_EXECUTION_FAILED_CURAND);
+  const std::size_t at = payload.find(status);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(payload.find(status, at + 1) == std::string::npos);
+  const std::uint32_t value = GENERATE(std::uint32_t{1} << 13, std::uint32_t{1} << 24, 0xffffffffu);
+  put_u32(payload, at, value);
+  CHECK_THAT(error_of([&] { deserialize(frame_payload(checkpoint.header, payload), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") &&
+                 Contains("cuDNN status " + std::to_string(static_cast<std::int32_t>(value))));
+  put_u32(payload, at, (1 << 13) - 1);  // within the range: a status this cuDNN does not name, kept as a failure
+  const Checkpoint read = deserialize(frame_payload(checkpoint.header, payload), "unknown status.bin");
+  CHECK_FALSE(read.sections[0].forward[0].second[1].succeeded());
+}
+
+// A device name with a NUL in it loaded, but its JSON export imported with the name cut at the NUL (the fuzzer).
+TEST_CASE("a file with a valid checksum but a device name that is not printable ASCII is rejected", "[checkpoint]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  const Checkpoint checkpoint = snapshot(store);
+  const std::string bytes = serialize(checkpoint);
+  std::string payload = bytes.substr(29, bytes.size() - 29 - 8);
+  const std::size_t at = payload.find("Test GPU");
+  REQUIRE(at != std::string::npos);
+  const char replacement = GENERATE('\0', '\n', '\x7f', '\xb7');
+  payload[at + 4] = replacement;
+  CAPTURE(static_cast<int>(replacement));
+  CHECK_THAT(error_of([&] { deserialize(frame_payload(checkpoint.header, payload), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") && Contains("device name that is not printable ASCII"));
+  CacheStore named;
+  named.caches(Origin::of(DeviceIdentity{std::string("Test\0GPU", 8), 9, 0, 132}, kRunning))
+      .forward.insert(conv_key(Direction::forward), Ranking<Fwd>::of({candidate<Fwd>(0, 1.0f)}));
+  CHECK_THAT(error_of([&] { serialize(snapshot(named)); }), Contains("not printable ASCII"));
 }
 
 // cudnnFind*AlgorithmEx reports a time of -1 for the algorithms that failed (NOT_SUPPORTED, ALLOC_FAILED...);
@@ -694,4 +745,199 @@ TEST_CASE("16 processes saving into one file at once lose no entry", "[checkpoin
   CHECK(saved.sections.size() == kProcesses);
   CHECK(saved.size() == kProcesses * kRounds * kPerRound);
   for (const CheckpointSection& section : saved.sections) CHECK(section.size() == kRounds * kPerRound);
+
+// --- Concurrency (scripts/sanitize.sh tsan runs the [concurrency] tests) -------------------------------------
+
+TEST_CASE("threads insert into and find in every cache of new origins while others save, load and merge",
+          "[checkpoint][concurrency]") {
+  constexpr int kWriters = 4, kKeysPerWriter = 40;
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  CacheStore store;
+  // Writer w fills origin w % 2 (created by whichever thread comes first) with keys nobody else writes, in
+  // every direction of both backends, plus stored plans, and looks up keys of every writer as it goes.
+  auto origin_of = [](int writer) {
+    return Origin::of(DeviceIdentity{writer % 2 ? "GPU B" : "GPU A", 9, 0, 132}, kRunning);
+  };
+  auto key_of = [](Direction direction, int writer, int i) {
+    return conv_key(direction, 1 + i, 1 + writer);  // channels tell writers apart, batches keys
+  };
+  std::atomic<int> writers_done{0}, bad_finds{0}, saves{0}, bad_saves{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < kKeysPerWriter; ++i) {
+        DirectionCaches& caches = store.caches(origin_of(w));
+        caches.forward.insert(key_of(Direction::forward, w, i), Ranking<Fwd>::of({candidate<Fwd>(i % 8, 1.0f + i)}));
+        caches.backward_data.insert(key_of(Direction::backward_data, w, i),
+                                    Ranking<BwdData>::of({candidate<BwdData>(i % 6, 2.0f)}));
+        caches.backward_filter.insert(key_of(Direction::backward_filter, w, i),
+                                      Ranking<BwdFilter>::of({candidate<BwdFilter>(i % 7, 3.0f)}));
+        caches.graph_forward.insert(key_of(Direction::forward, w, i),
+                                    Ranking<GraphForwardTraits>::of({engine(i, 0.5f, {{2, i}})}));
+        caches.graph_backward_data.insert(key_of(Direction::backward_data, w, i),
+                                          Ranking<GraphBackwardDataTraits>::of({engine(i, 0.5f)}));
+        caches.graph_backward_filter.insert(key_of(Direction::backward_filter, w, i),
+                                            Ranking<GraphBackwardFilterTraits>::of({engine(i, 0.5f)}));
+        StoredPlan plan;
+        plan.config = engine(i, 0.5f);
+        plan.bytes.assign(16 + i, static_cast<std::uint8_t>(w));
+        caches.plans.insert(key_of(Direction::forward, w, i), plan);
+        const int other = (w + 1 + i) % kWriters;
+        const auto found = store.caches(origin_of(other)).forward.find(key_of(Direction::forward, other, i));
+        if (found && found->front().time_ms != 1.0f + i) ++bad_finds;
+        const auto mine = caches.graph_forward.find(key_of(Direction::forward, w, i));
+        if (!mine || mine->front().engine_id != i) ++bad_finds;
+      }
+      ++writers_done;
+    });
+  }
+  // Saves the store while it changes; each file must load and never hold fewer entries than the one before.
+  threads.emplace_back([&] {
+    std::size_t previous = 0;
+    do {
+      save(store, path);
+      const Checkpoint read = read_checkpoint(path);
+      if (read.size() < previous) ++bad_saves;  // the store only grows
+      previous = read.size();
+      ++saves;
+    } while (writers_done.load() < kWriters);
+  });
+  // Loads those files into a second store while a reader walks it.
+  CacheStore copy;
+  std::atomic<bool> copying{true};
+  threads.emplace_back([&] {
+    while (writers_done.load() < kWriters) {
+      try {
+        load(copy, path, kRunning);
+      } catch (const Error&) {  // no file saved yet
+      }
+    }
+    copying = false;
+  });
+  threads.emplace_back([&] {
+    while (copying.load()) {
+      for (const auto& [origin, caches] : copy.origins()) {
+        for (const auto& [key, ranking] : caches->graph_forward.entries()) {
+          if (ranking.empty() || ranking.front().engine_id != key.input.dims[0] - 1) ++bad_finds;
+        }
+      }
+      (void)snapshot(copy);
+    }
+  });
+  for (auto& thread : threads) thread.join();
+  CHECK(bad_finds == 0);
+  CHECK(bad_saves == 0);
+  CHECK(saves > 0);
+
+  save(store, path);
+  const Checkpoint final_file = read_checkpoint(path);
+  CHECK(difference(snapshot(store), final_file) == "");
+  CHECK(final_file.size() == static_cast<std::size_t>(kWriters * kKeysPerWriter * 6));
+  load(copy, path, kRunning);
+  CHECK(difference(snapshot(store), snapshot(copy)) == "");
+}
+
+// --- Crash safety: Note [Atomic save] under SIGKILL -------------------------------------------------------------
+
+namespace {
+
+// Runs `tool validate path`; true if it exits 0. Without the tool (CUDNN_CACHE_TOOL undefined), true.
+bool tool_validates(const std::string& path) {
+#ifdef CUDNN_CACHE_TOOL
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::execl(CUDNN_CACHE_TOOL, CUDNN_CACHE_TOOL, "validate", path.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  if (child < 0 || ::waitpid(child, &status, 0) != child) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+#else
+  (void)path;
+  return true;
+#endif
+}
+
+}  // namespace
+
+// A child saves two stores over one file in turn, forever; the parent kills it with SIGKILL after a random
+// delay spread over a little more than one save of each, many times. After every kill the file must be one of
+// the two complete files, byte for byte, and validate; a temporary file may be left behind (Note [Atomic
+// save]), nothing else. Half the kills hit save() itself, whose time goes mostly to snapshot and serialize;
+// the other half hit write_file_atomically with the bytes ready, so that they land in the file operations.
+TEST_CASE("a save killed with SIGKILL at any moment leaves the old or the new file, complete", "[checkpoint][crash]") {
+  constexpr int kKills = 250;
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  CacheStore first, second;
+  fill(first, 3000, 1);
+  fill(second, 2000, 2);
+  const std::string first_bytes = serialize(snapshot(first));
+  const std::string second_bytes = serialize(snapshot(second));
+  REQUIRE(first_bytes != second_bytes);
+  save(first, path);
+
+  std::mt19937 random(4242);
+  int found_first = 0, found_second = 0, temporaries_left = 0;
+  for (const bool whole_save : {true, false}) {
+    const auto save_both = [&] {
+      if (whole_save) {
+        save(second, path);
+        save(first, path);
+      } else {
+        write_file_atomically(path, second_bytes);
+        write_file_atomically(path, first_bytes);
+      }
+    };
+    const auto started = std::chrono::steady_clock::now();
+    save_both();
+    const auto cycle = std::chrono::steady_clock::now() - started;
+    const long cycle_us = static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(cycle).count());
+    std::uniform_int_distribution<long> delay_us(0, cycle_us * 5 / 4 + 1);
+    for (int kill = 0; kill < kKills / 2; ++kill) {
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {  // no Catch2 in here
+        try {
+          for (;;) save_both();
+        } catch (...) {
+        }
+        ::_exit(1);
+      }
+      const long delay = delay_us(random);
+      ::usleep(static_cast<useconds_t>(delay));
+      REQUIRE(::kill(child, SIGKILL) == 0);
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      CAPTURE(whole_save, kill, delay);
+      REQUIRE(WIFSIGNALED(status));  // it was still saving, not failed
+
+      const std::string bytes = read_file(path);
+      const bool is_first = bytes == first_bytes, is_second = bytes == second_bytes;
+      CHECK((is_first || is_second));
+      found_first += is_first;
+      found_second += is_second;
+      CHECK_NOTHROW(read_checkpoint(path));
+      CHECK(tool_validates(path));
+      for (const std::string& name : folder.listing()) {  // only the file and, maybe, one temporary of it
+        if (name == "cache.bin") continue;
+        CHECK(name.rfind(".cache.bin.tmp.", 0) == 0);
+        ++temporaries_left;
+        std::filesystem::remove(folder.file(name));
+      }
+    }
+  }
+  INFO("after " << kKills << " kills: the first file " << found_first << " times, the second " << found_second
+                << ", a temporary file left " << temporaries_left << " times");
+  CHECK(found_first + found_second == kKills);
+  // The kills fell both between saves and inside them: each file was found, and temporaries were left. (How
+  // often depends on the machine's speed, so only their presence is required.)
+  CHECK(found_first > 0);
+  CHECK(found_second > 0);
+  CHECK(temporaries_left > 0);
+  WARN("crash-safety: " << kKills << " kills; the first file " << found_first << " times, the second "
+                        << found_second << ", a temporary file left " << temporaries_left << " times");
 }

@@ -249,7 +249,7 @@ TEST_CASE("PerfCache entries are sorted by key", "[perf_cache]") {
   for (const auto& [key, ranking] : entries) CHECK(ranking.front().time_ms == static_cast<float>(key.input.dims[0]));
 }
 
-TEST_CASE("PerfCache holds the merge of everything 8 threads insert concurrently", "[perf_cache]") {
+TEST_CASE("PerfCache holds the merge of everything 8 threads insert concurrently", "[perf_cache][concurrency]") {
   constexpr int kThreads = 8, kKeys = 16, kRounds = 60;
   std::vector<ConvolutionKey> keys;
   for (int k = 0; k < kKeys; ++k) keys.push_back(conv_key(Direction::forward, 1 + k));

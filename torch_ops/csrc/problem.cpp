@@ -6,9 +6,6 @@
 #include <cstring>
 
 namespace cudnn_cache::torch_ops {
-namespace {
-
-}  // namespace
 
 std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::IntArrayRef values,
                                           std::size_t spatial_dims) {
@@ -31,15 +28,29 @@ void check_channels(const char* op, std::int64_t input_channels, at::IntArrayRef
   TORCH_CHECK(out_channels > 0 && per_group > 0, op, ": weight of sizes ", weight_size, " is empty");
 }
 
-}  // namespace
-
-void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                   const std::optional<at::Tensor>& bias) {
+// The ranks every other check relies on: sizes are indexed by dimension after this.
+void check_ranks(const char* op, const at::Tensor& input, const at::Tensor& weight) {
   TORCH_CHECK(input.dim() >= 3 && input.dim() <= 5, op, ": input must be 3-D (N, C, L), 4-D (N, C, H, W) or 5-D ",
               "(N, C, D, H, W), got ", input.dim(), "-D with sizes ", input.sizes(),
               "; add a batch dimension with input.unsqueeze(0)");
   TORCH_CHECK(weight.dim() == input.dim(), op, ": weight must have as many dimensions as input (", input.dim(),
               "), got sizes ", weight.sizes());
+}
+
+}  // namespace
+
+void check_sizes(const char* op, const char* name, at::IntArrayRef sizes, const at::Tensor& grad_output) {
+  TORCH_CHECK(static_cast<std::int64_t>(sizes.size()) == grad_output.dim(), op, ": ", name, " has ", sizes.size(),
+              " values but grad_output has ", grad_output.dim(), " dimensions (sizes ", grad_output.sizes(),
+              "); give one size per dimension");
+  for (const std::int64_t size : sizes) {
+    TORCH_CHECK(size >= 0, op, ": ", name, " ", sizes, " has a negative size; give the sizes of the forward call");
+  }
+}
+
+void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                   const std::optional<at::Tensor>& bias) {
+  check_ranks(op, input, weight);
   TORCH_CHECK(input.device() == weight.device(), op, ": input is on ", input.device(), " but weight is on ",
               weight.device(), "; move both to one device");
   TORCH_CHECK(input.scalar_type() == weight.scalar_type(), op, ": input is ", input.scalar_type(), " but weight is ",
@@ -56,6 +67,7 @@ void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& we
 ConvolutionParams check_params(const char* op, const at::Tensor& input, const at::Tensor& weight,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups, bool transposed) {
+  check_ranks(op, input, weight);
   const auto spatial_dims = static_cast<std::size_t>(input.dim() - 2);
   ConvolutionParams params{per_spatial_dim(op, "stride", stride, spatial_dims),
                            per_spatial_dim(op, "padding", padding, spatial_dims),

@@ -32,8 +32,8 @@ struct ConvolutionParams {
 };
 
 // Checks the arguments of a convolution (or, with `transposed`, a transposed convolution) of `input`
-// (N, C, *spatial) by `weight`, including channels against groups, and repeats single values; every failure
-// names the argument and what to pass instead.
+// (N, C, *spatial) by `weight`, including their ranks and channels against groups, and repeats single values;
+// every failure names the argument and what to pass instead.
 ConvolutionParams check_params(const char* op, const at::Tensor& input, const at::Tensor& weight,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups, bool transposed = false);
@@ -41,6 +41,10 @@ ConvolutionParams check_params(const char* op, const at::Tensor& input, const at
 // One value per spatial dimension: a single value is repeated; otherwise there must be exactly spatial_dims.
 std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::IntArrayRef values,
                                           std::size_t spatial_dims);
+
+// Checks a size list a backward op receives (`name`: input_size or weight_size): one size per dimension of
+// grad_output, none negative.
+void check_sizes(const char* op, const char* name, at::IntArrayRef sizes, const at::Tensor& grad_output);
 
 // Checks the tensors of a convolution: same device and dtype, a supported dtype, matching ranks.
 void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,

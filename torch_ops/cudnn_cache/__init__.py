@@ -263,7 +263,7 @@ def conv_key(direction: str, input: torch.Tensor, weight: torch.Tensor, stride: 
     """The cache key of a convolution in one direction ('forward', 'backward_data', 'backward_filter'): a
     tuple of ints, hashable, and the same in every process. Tensors may live on any device, meta included."""
     return tuple(_ops.conv_key(direction, input, weight, stride, padding, dilation, groups, transposed,
-                               output_padding or []))
+                               output_padding or [0]))
 
 
 def query(direction: str, key: Tuple[int, ...], backend: Optional[str] = None) -> Optional[List[Dict]]:
@@ -279,7 +279,7 @@ def fill(input: torch.Tensor, weight: torch.Tensor, stride: List[int], padding: 
          groups: int = 1, transposed: bool = False, output_padding: Optional[List[int]] = None) -> int:
     """Tunes forward, backward-data and backward-filter of this convolution now with the current backend, on
     CUDA tensors shaped like these, and stores the rankings. Returns the number of directions tuned."""
-    return _ops.fill(input, weight, stride, padding, dilation, groups, transposed, output_padding or [])
+    return _ops.fill(input, weight, stride, padding, dilation, groups, transposed, output_padding or [0])
 
 
 def intercept(enabled: bool = True) -> None:

@@ -86,6 +86,11 @@ void merge_into(CacheStore& store, const Checkpoint& checkpoint);
 // Throws Error if that version cannot hold its content (graph-API entries need version 2, stored plans 3).
 std::string serialize(const Checkpoint& checkpoint);
 
+// A file's bytes for a header and payload bytes taken as they are: the header, the payload and the checksum
+// over both. serialize() frames its payload with it; tests and the fuzzer use it to make files whose payload
+// is damaged or forged but whose checksum holds, so that the payload's own checks are reached.
+std::string frame_payload(const CheckpointHeader& header, const std::string& payload);
+
 // Parses and checks a file's bytes. `source` names them in errors. Throws Error saying what is wrong: wrong
 // magic, newer format, truncated, checksum mismatch, or an invalid entry.
 Checkpoint deserialize(const std::string& bytes, const std::string& source);

@@ -64,10 +64,14 @@ class IntSpan {
   constexpr IntSpan(const std::int64_t* data, std::size_t size) : data_(data), size_(size) {}
   // For literal arguments such as make_tensor_key(type, {8, 3, 32, 32}, Layout::nchw): the list lives until the
   // call returns, which is all a span needs.
+#if defined(__GNUC__) && !defined(__clang__)  // a GCC warning; clang does not know it
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Winit-list-lifetime"
+#endif
   IntSpan(std::initializer_list<std::int64_t> values) : data_(values.begin()), size_(values.size()) {}
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
   IntSpan(const std::vector<std::int64_t>& values) : data_(values.data()), size_(values.size()) {}
   template <std::size_t N>
   constexpr IntSpan(const std::array<std::int64_t, N>& values) : data_(values.data()), size_(N) {}

@@ -7,6 +7,14 @@
 // make them allocate without bound or build an invalid value: they throw cereal::Exception, which the
 // checkpoint code rethrows as Error naming the file.
 
+// rapidjson 1.1.0 (Debian's, under cereal's JSON archive) reads out of bounds when its full-precision number
+// parser, cereal's default, meets a zero significand with an exponent such as "0E190" (DiyFp::Normalize calls
+// __builtin_clzll(0); the fuzzer found it through from_json). Its normal-precision parser has no such path, and
+// is exact enough here: an export's numbers are integers, and floats printed from floats, which parse back to
+// the same float. Every file that includes cereal's JSON archive includes it through this header.
+#ifndef RAPIDJSON_PARSE_DEFAULT_FLAGS
+#define RAPIDJSON_PARSE_DEFAULT_FLAGS kParseNanAndInfFlag
+#endif
 #include <cereal/archives/json.hpp>
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/cereal.hpp>
@@ -14,6 +22,7 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -79,11 +88,21 @@ void serialize(Archive& archive, ConvolutionKey& key, std::uint32_t const /*vers
   }
 }
 
+// CUDA names devices in printable ASCII. Anything else (a NUL, a control character, a stray byte) cannot be a
+// real name and would not survive the JSON export: cereal's JSON reader ends a string at its first NUL (the
+// fuzzer found such a file). So names are checked on save and on load.
+inline bool is_printable_ascii(const std::string& text) {
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+}
+
 template <class Archive>
 void save(Archive& archive, const DeviceIdentity& device, std::uint32_t const /*version*/) {
   if (device.name.size() > kMaxDeviceNameLength) {  // CUDA's own names fit in 255 bytes
     throw Error(detail::concat("cannot save a device name of ", device.name.size(), " bytes (at most ",
                                kMaxDeviceNameLength, "): '", device.name.substr(0, 40), "...'"));
+  }
+  if (!is_printable_ascii(device.name)) {
+    throw Error("cannot save a device name that is not printable ASCII: CUDA's names are");
   }
   archive(CEREAL_NVP_("name", device.name),
           CEREAL_NVP_("compute_capability_major", device.compute_capability_major),
@@ -101,7 +120,9 @@ void load(Archive& archive, DeviceIdentity& device, std::uint32_t const /*versio
     archive(cereal::binary_data(device.name.data(), length));
   } else {
     archive(CEREAL_NVP_("name", device.name));
+    if (device.name.size() > kMaxDeviceNameLength) detail::throw_invalid("device name of ", device.name.size(), " bytes");
   }
+  if (!is_printable_ascii(device.name)) detail::throw_invalid("device name that is not printable ASCII");
   archive(CEREAL_NVP_("compute_capability_major", device.compute_capability_major),
           CEREAL_NVP_("compute_capability_minor", device.compute_capability_minor),
           CEREAL_NVP_("multiprocessor_count", device.multiprocessor_count));
@@ -112,6 +133,13 @@ void serialize(Archive& archive, Origin& origin, std::uint32_t const /*version*/
   archive(CEREAL_NVP_("device", origin.device), CEREAL_NVP_("cudnn_major", origin.cudnn_major),
           CEREAL_NVP_("cudnn_minor", origin.cudnn_minor));
 }
+
+// cudnnStatus_t has no fixed underlying type, so it can only hold the values of the smallest bit-field that
+// holds its enumerators: they run from 0 to 5004 in cuDNN 9 (category * 1000 + code), so [0, 2^13). Casting
+// anything else to it is undefined behaviour (the fuzzer found a file that did), so a loaded status outside
+// that range is corrupt; inside it, a status this cuDNN does not name is kept as a failure like any other.
+inline constexpr std::int32_t kStatusLimit = 1 << 13;
+static_assert(CUDNN_STATUS_EXECUTION_FAILED_CURAND < kStatusLimit, "a cuDNN status beyond the checked range");
 
 // Enums are stored as std::int32_t whatever their underlying type, so files do not depend on the compiler.
 template <class Archive, typename Traits>
@@ -132,6 +160,7 @@ void load(Archive& archive, Candidate<Traits>& candidate, std::uint32_t const /*
   if (algorithm < 0 || algorithm >= Traits::algorithm_count) {
     detail::throw_invalid(to_string(Traits::direction), " algorithm ", algorithm, " does not exist");
   }
+  if (status < 0 || status >= kStatusLimit) detail::throw_invalid("cuDNN status ", status);
   if (!std::isfinite(candidate.time_ms) || candidate.time_ms < 0) detail::throw_invalid("time ", candidate.time_ms);
   if (determinism != CUDNN_NON_DETERMINISTIC && determinism != CUDNN_DETERMINISTIC) {
     detail::throw_invalid("determinism ", determinism);

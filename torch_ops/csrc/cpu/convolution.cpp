@@ -26,6 +26,7 @@ at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight, co
 at::Tensor backward_input_cpu(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                               std::int64_t groups) {
+  check_sizes("_convolution_backward_input", "input_size", input_size, grad_output);
   const at::Tensor input = at::empty(input_size, grad_output.options());
   const ConvolutionParams params = check_params("_convolution_backward_input", input, weight, stride, padding,
                                                 dilation, groups);
@@ -38,6 +39,7 @@ at::Tensor backward_input_cpu(const at::Tensor& grad_output, const at::Tensor& w
 at::Tensor backward_weight_cpu(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups) {
+  check_sizes("_convolution_backward_weight", "weight_size", weight_size, grad_output);
   const at::Tensor weight = at::empty(weight_size, grad_output.options());
   const ConvolutionParams params = check_params("_convolution_backward_weight", input, weight, stride, padding,
                                                 dilation, groups);

@@ -67,6 +67,7 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& 
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups) {
   check_cuda("_convolution_backward_input", grad_output, weight);
+  check_sizes("_convolution_backward_input", "input_size", input_size, grad_output);
   const c10::cuda::CUDAGuard guard(grad_output.device());
   const at::MemoryFormat format = convolution_memory_format(grad_output, weight);
   const at::Tensor dy = aligned(grad_output, format);
@@ -84,6 +85,7 @@ at::Tensor backward_weight_cuda(const at::Tensor& grad_output, const at::Tensor&
                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                 std::int64_t groups) {
   check_cuda("_convolution_backward_weight", grad_output, input);
+  check_sizes("_convolution_backward_weight", "weight_size", weight_size, grad_output);
   const c10::cuda::CUDAGuard guard(grad_output.device());
   const at::MemoryFormat format = convolution_memory_format(input, grad_output);
   const at::Tensor x = aligned(input, format);

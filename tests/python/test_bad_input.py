@@ -1,0 +1,446 @@
+"""Bad input at every API, CPU side first: each case must raise an error that names the input and says what to
+do, or give the native result; none may crash. docs/RELIABILITY.md lists every case with the test that covers
+it (the ids below). Cases that need CUDA tensors are marked gpu and skip, saying why, without one."""
+
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cudnn_cache
+
+ops = torch.ops.cudnn_cache
+
+X, W = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+INT32_MAX = 2**31 - 1
+
+
+def conv(x=X, w=W, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    return ops.convolution(x, w, bias, list(stride), list(padding), list(dilation), groups)
+
+
+def meta(*sizes):
+    """A tensor of these sizes that takes no memory: enough for keys and shape checks."""
+    return torch.empty(sizes, device="meta")
+
+
+# --- Tensors: dtypes, shapes, channels, groups, ranks, devices (CPU and meta) -----------------------------------
+
+TENSOR_CASES = [
+    # Wrong dtypes.
+    pytest.param(lambda: conv(X.long(), W.long()), r"input has dtype Long.*Convert with \.to\(torch\.float32\)",
+                 id="dtype_int64"),
+    pytest.param(lambda: conv(X.to(torch.complex64), W.to(torch.complex64)), r"input has dtype ComplexFloat.*Convert",
+                 id="dtype_complex"),
+    pytest.param(lambda: conv(X.bool(), W.bool()), r"input has dtype Bool.*Convert", id="dtype_bool"),
+    pytest.param(lambda: conv(X.to(torch.uint8), W.to(torch.uint8)), r"input has dtype Byte.*Convert",
+                 id="dtype_uint8"),
+    pytest.param(lambda: conv(X, W.double()), r"input is Float but weight is Double; convert one with \.to\(dtype\)",
+                 id="dtype_mismatch"),
+    pytest.param(lambda: conv(X, W, bias=torch.randn(6, dtype=torch.float64)),
+                 r"bias must match input's device and dtype", id="bias_dtype"),
+    pytest.param(lambda: conv(X, W, bias=torch.randn(6, 1)), r"bias must be 1-D", id="bias_rank"),
+    # Mismatched shapes, channels and groups.
+    pytest.param(lambda: conv(X, torch.randn(6, 3, 3, 3)), r"input has 4 channels.*check in_channels and groups",
+                 id="channels"),
+    pytest.param(lambda: conv(X, W, groups=2), r"expects 8; check in_channels and groups", id="groups_mismatch"),
+    pytest.param(lambda: conv(X, torch.randn(5, 2, 3, 3), groups=2), r"weight's first dimension \(5\) must be "
+                 r"divisible by groups \(2\)", id="groups_divisibility"),
+    pytest.param(lambda: conv(groups=0), r"groups must be >= 1, got 0", id="groups_zero"),
+    pytest.param(lambda: conv(groups=-2), r"groups must be >= 1, got -2", id="groups_negative"),
+    pytest.param(lambda: conv(X, torch.randn(6, 4, 3)), r"weight must have as many dimensions as input \(4\)",
+                 id="weight_rank"),
+    pytest.param(lambda: conv(torch.randn(4, 8), torch.randn(6, 4)), r"got 2-D.*add a batch dimension",
+                 id="input_2d"),
+    pytest.param(lambda: conv(torch.randn(1, 1, 2, 2, 2, 2), torch.randn(1, 1, 1, 1, 1, 1)), r"got 6-D",
+                 id="input_6d"),
+    pytest.param(lambda: conv(X, torch.randn(6, 4, 9, 9)), r"kernel \(9 wide with dilation\) is larger than the "
+                 r"padded input \(8\).*use a smaller kernel", id="kernel_too_large"),
+    pytest.param(lambda: conv(stride=(1, 1, 1)), r"stride has 3 values but the input has 2 spatial dimensions; "
+                 r"give 1 or 2 values", id="stride_count"),
+    pytest.param(lambda: conv(stride=(0,)), r"stride must be >= 1", id="stride_zero"),
+    pytest.param(lambda: conv(padding=(-1,)), r"padding must be >= 0", id="padding_negative"),
+    pytest.param(lambda: conv(dilation=(0,)), r"dilation must be >= 1", id="dilation_zero"),
+    # Empty tensors that cannot be a convolution.
+    pytest.param(lambda: conv(X, torch.randn(0, 4, 3, 3)), r"weight of sizes \[0, 4, 3, 3\] is empty",
+                 id="no_output_channels"),
+    pytest.param(lambda: conv(torch.randn(2, 0, 8, 8), torch.randn(6, 0, 3, 3)), r"weight of sizes \[6, 0, 3, 3\] "
+                 r"is empty", id="no_input_channels"),
+    pytest.param(lambda: conv(torch.randn(2, 4, 0, 8), W), r"kernel \(3 wide with dilation\) is larger than the "
+                 r"padded input \(0\)", id="empty_spatial"),
+    # Devices.
+    pytest.param(lambda: conv(X, meta(6, 4, 3, 3)), r"input is on cpu but weight is on meta; move both to one device",
+                 id="mixed_devices"),
+    pytest.param(lambda: cudnn_cache.fill(X, W, [1], [0], [1]), r"cudnn_cache.fill tunes on the GPU: pass CUDA "
+                 r"tensors", id="fill_cpu"),
+    # Transposed convolutions.
+    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(3, 6, 3, 3), None, [1], [0], [0], [1], 1),
+                 r"input has 4 channels.*groups", id="transpose_channels"),
+    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(4, 6, 3, 3), None, [2], [0], [2], [1], 1),
+                 r"output_padding must be smaller than stride or dilation", id="transpose_output_padding"),
+    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(4, 6, 3, 3), None, [1], [5], [0], [1], 1),
+                 r"output would be empty in spatial dimension 0; reduce padding", id="transpose_empty_output"),
+    # The backward ops take sizes, not tensors: a wrong size list used to index past the weight's sizes.
+    pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6), W, [2, 4, 8], [1], [0], [1], 1),
+                 r"input_size has 3 values but grad_output has 4 dimensions", id="backward_input_size_rank"),
+    pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6), torch.randn(6), [2, 4, 8, 8], [1],
+                                                         [0], [1], 1),
+                 r"weight must have as many dimensions as input \(4\)", id="backward_input_weight_rank"),
+    pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6), torch.randn(6, 4), [2, 4], [1], [0], [1],
+                                                         1),
+                 r"input must be 3-D.*got 2-D", id="backward_input_2d"),
+    pytest.param(lambda: ops._convolution_backward_weight(torch.randn(2, 6, 6, 6), X, [6, 4, -3, 3], [1], [0], [1], 1),
+                 r"weight_size \[6, 4, -3, 3\] has a negative size", id="backward_weight_negative_size"),
+    pytest.param(lambda: ops._convolution_backward_weight(torch.randn(2, 6, 6, 6), X, [6, 4], [1], [0], [1], 1),
+                 r"weight_size has 2 values but grad_output has 4 dimensions", id="backward_weight_size_rank"),
+    pytest.param(lambda: ops._convolution_backward_input(meta(2, 6, 6, 6), meta(6, 4, 3, 3), [2, 4], [1], [0], [1],
+                                                         1),
+                 r"input_size has 2 values", id="backward_meta_size_rank"),
+]
+
+
+@pytest.mark.parametrize("call, match", TENSOR_CASES)
+def test_bad_tensors_raise_an_error_naming_the_input_and_the_fix(call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_an_empty_batch_gives_the_native_result_forward_and_backward(layout):
+    memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.randn(0, 4, 8, 8).contiguous(memory_format=memory_format).requires_grad_()
+    w = torch.randn(6, 4, 3, 3).requires_grad_()
+    b = torch.randn(6).requires_grad_()
+    y = cudnn_cache.functional.conv2d(x, w, b, padding=1)
+    expected = F.conv2d(x, w, b, padding=1)
+    assert y.shape == expected.shape == (0, 6, 8, 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.count_nonzero(w.grad) == 0 and torch.count_nonzero(b.grad) == 0  # no samples, no gradient
+
+
+def test_an_empty_batch_transposed_gives_the_native_shape():
+    x, w = torch.randn(0, 4, 5, 5), torch.randn(4, 3, 3, 3)
+    assert cudnn_cache.functional.conv_transpose2d(x, w, stride=2).shape == F.conv_transpose2d(x, w, stride=2).shape
+
+
+# --- Sizes beyond cuDNN's int32 limits (meta tensors: keys, and the shape checks of the meta kernels) ------------
+
+@pytest.mark.parametrize("input_size, weight_size, transposed, match", [
+    # The input and the output both have the size; whichever is checked first is named.
+    pytest.param((1, 1, 2**31, 1), (1, 1, 1, 1), False, r"(input|output) sizes \[1, 1, 2147483648, 1\]: every size "
+                 r"must be in \[1, 2\^31 - 1\]; split the tensor", id="dimension_over_int32"),
+    pytest.param((2**16, 2**16, 1, 1), (1, 2**16, 1, 1), False, r"input spans more elements than cuDNN's 32-bit "
+                 r"indexing allows; split the batch", id="input_elements_over_int32"),
+    pytest.param((1, 1, 2**16, 2**16), (2, 1, 1, 1), False, r"(input|output) spans more elements than cuDNN's "
+                 r"32-bit indexing allows; split the batch", id="output_elements_over_int32"),
+    pytest.param((1, 4, 2**15, 2**15), (4, 4, 1, 1), True, r"spans more elements than cuDNN's 32-bit indexing "
+                 r"allows; split the batch", id="transposed_output_over_int32"),
+])
+def test_sizes_beyond_int32_are_refused_by_the_key_naming_the_fix(input_size, weight_size, transposed, match):
+    with pytest.raises(RuntimeError, match=match):
+        cudnn_cache.conv_key("forward", meta(*input_size), meta(*weight_size), [1], [0], [1], transposed=transposed)
+
+
+def test_sizes_beyond_int32_still_have_meta_shapes():
+    """Shape inference (torch.compile) needs no cuDNN, so it accepts what cuDNN cannot run."""
+    y = conv(meta(2**16, 2**16, 1, 1), meta(1, 2**16, 1, 1))
+    assert y.shape == (2**16, 1, 1, 1) and y.device.type == "meta"
+
+
+# --- The cache: queries, settings, prepare (CPU side) -----------------------------------------------------------
+
+def forward_key():
+    return cudnn_cache.conv_key("forward", X, W, [1], [0], [1])
+
+
+@pytest.mark.parametrize("call, match", [
+    pytest.param(lambda: cudnn_cache.query("forward", (1, 2, 3)), r"a key has 47 values, got 3; pass what conv_key "
+                 r"returned", id="query_short_key"),
+    pytest.param(lambda: cudnn_cache.query("forward", (7,) * 47), r"not a valid key \(.*\); pass what conv_key "
+                 r"returned", id="query_garbage_key"),
+    pytest.param(lambda: cudnn_cache.query("forward", (2**40,) * 47), r"not a valid key", id="query_huge_values"),
+    pytest.param(lambda: cudnn_cache.query("backward_data", forward_key()), r"the key is a forward key but direction "
+                 r"is 'backward_data'", id="query_direction_mismatch"),
+    pytest.param(lambda: cudnn_cache.query("sideways", forward_key()), r"unknown direction 'sideways'; use "
+                 r"'forward', 'backward_data' or 'backward_filter'", id="query_unknown_direction"),
+    pytest.param(lambda: cudnn_cache.query("forward", forward_key(), backend="fast"), r"'fast'.*'graph'.*'legacy'",
+                 id="query_unknown_backend"),
+    pytest.param(lambda: cudnn_cache.set_miss_policy("bogus"), r"unknown miss policy 'bogus'", id="miss_policy"),
+    pytest.param(lambda: cudnn_cache.set_backend("bogus"), r"'bogus'.*'graph'.*'legacy'", id="backend"),
+    pytest.param(lambda: cudnn_cache.prepare(threads=-1), r"threads must be >= 0", id="prepare_threads"),
+])
+def test_bad_cache_arguments_raise_an_error_naming_them(call, match, cache_state):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU errors; the gpu tests below cover a GPU")
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda: cudnn_cache.query("forward", forward_key()), id="query"),
+    pytest.param(lambda: cudnn_cache.prepare(), id="prepare"),
+    pytest.param(lambda: cudnn_cache.prepare(background=True), id="prepare_background"),
+])
+def test_gpu_only_calls_without_a_gpu_say_so(call):
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        call()
+
+
+# --- Files: load and save ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def valid_file(tool, tmp_path):
+    path = tmp_path / "valid.cache"
+    assert tool("synth", path, "--entries", 20).returncode == 0
+    return path
+
+
+def put_u32(data: bytes, offset: int, value: int) -> bytes:
+    return data[:offset] + value.to_bytes(4, "little") + data[offset + 4:]
+
+
+VERSION_OFFSET = 9  # after the endianness byte and the 8-byte magic
+
+DAMAGE = {
+    # name: (how to damage the valid bytes, the reason, the fix the message must give)
+    "empty": (lambda data: b"", r"truncated: 0 bytes", r"restore it from a backup or run the warm start again"),
+    "truncated_header": (lambda data: data[:20], r"truncated: 20 bytes, shorter than the 29-byte header",
+                         r"run the warm start again"),
+    "truncated_payload": (lambda data: data[:len(data) // 2], r"truncated: it has \d+ bytes but its header promises",
+                          r"run the warm start again"),
+    "wrong_magic": (lambda data: data[:3] + b"X" + data[4:], r"not a cudnn_cache file \(wrong magic\)",
+                    r"check the path"),
+    "text_file": (lambda data: b"# not a cache\n", r"wrong magic", r"check the path"),
+    "wrong_checksum": (lambda data: data[:-1] + bytes([data[-1] ^ 1]), r"corrupt: checksum mismatch",
+                       r"delete it and run the warm start again"),
+    "flipped_payload_bit": (lambda data: data[:40] + bytes([data[40] ^ 4]) + data[41:], r"corrupt: checksum mismatch",
+                            r"delete it"),
+    "future_version": (lambda data: put_u32(data, VERSION_OFFSET, 99), r"written by a newer cudnn_cache \(file "
+                       r"format 99; this build reads 1 to 3\)", r"upgrade cudnn_cache"),
+    "version_0": (lambda data: put_u32(data, VERSION_OFFSET, 0), r"corrupt: file format version 0 does not exist",
+                  r"corrupt"),
+    "trailing_bytes": (lambda data: data + b"extra", r"corrupt: 5 unexpected bytes after the checksum",
+                       r"delete it and run the warm start again"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_file_is_refused_by_load_validate_and_the_cli_naming_file_reason_and_fix(
+        damage, valid_file, tmp_path, tool, child_env, cache_state):
+    make, reason, fix = DAMAGE[damage]
+    path = tmp_path / f"{damage}.cache"
+    path.write_bytes(make(valid_file.read_bytes()))
+    cudnn_cache.load(valid_file)
+    before = cudnn_cache.size()
+    with pytest.raises(RuntimeError, match=reason) as error:
+        cudnn_cache.load(path)
+    assert str(path) in str(error.value)
+    assert re.search(fix, str(error.value)), str(error.value)
+    assert cudnn_cache.size() == before  # all or nothing
+
+    result = tool("validate", path)
+    assert result.returncode == 1 and str(path) in result.stderr and len(result.stderr.splitlines()) == 1
+    cli = subprocess.run([sys.executable, "-m", "cudnn_cache", "validate", str(path)], env=child_env,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 3 and str(path) in cli.stderr, cli.stderr
+    assert "Traceback" not in cli.stderr
+
+
+@pytest.mark.parametrize("what, match", [
+    ("missing", r"cannot read '.*missing.cache': No such file or directory"),
+    ("directory", r"cannot read '.*': not a regular file"),
+    ("fifo", r"cannot read '.*fifo': not a regular file"),  # refused at once, not waited on
+    ("empty_path", r"cannot read '': No such file or directory"),
+])
+def test_load_of_something_that_is_not_a_file_names_it(what, match, tmp_path, cache_state):
+    path = {"missing": tmp_path / "missing.cache", "directory": tmp_path, "fifo": tmp_path / "fifo",
+            "empty_path": ""}[what]
+    if what == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(RuntimeError, match=match):
+        cudnn_cache.load(path)
+
+
+@pytest.mark.parametrize("function", ["load", "save"])
+@pytest.mark.parametrize("argument", [None, 42, 1.5])
+def test_load_and_save_refuse_arguments_that_are_not_paths(function, argument, cache_state):
+    with pytest.raises(TypeError, match=r"expected str, bytes or os.PathLike object"):
+        getattr(cudnn_cache, function)(argument)
+
+
+@pytest.mark.parametrize("where, match", [
+    ("empty", r"cannot save to '': give a file name"),
+    ("trailing_slash", r"cannot save to '.*/': give a file name"),
+    ("missing_folder", r"cannot save '.*no/such/cache': cannot create a temporary file in its folder: No such file "
+                       r"or directory; the previous file, if any, is unchanged"),
+    ("over_a_folder", r"cannot save '.*taken': rename failed: (Is a directory|Directory not empty); the previous "
+                      r"file, if any, is unchanged"),
+])
+def test_save_to_a_bad_path_names_it_and_leaves_nothing_behind(where, match, tmp_path, valid_file, cache_state):
+    cudnn_cache.load(valid_file)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "inside").write_text("kept")
+    path = {"empty": "", "trailing_slash": f"{tmp_path}/", "missing_folder": tmp_path / "no" / "such" / "cache",
+            "over_a_folder": tmp_path / "taken"}[where]
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(RuntimeError, match=match):
+        cudnn_cache.save(path)
+    assert sorted(os.listdir(tmp_path)) == before  # no temporary file left
+    assert (tmp_path / "taken" / "inside").read_text() == "kept"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_save_into_a_read_only_folder_names_it(tmp_path, valid_file, cache_state):
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        with pytest.raises(RuntimeError, match=r"cannot create a temporary file in its folder: Permission denied"):
+            cudnn_cache.save(folder / "cache")
+    finally:
+        folder.chmod(stat.S_IRWXU)
+
+
+# --- JSON import ------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli(child_env, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cudnn_cache", *map(str, args)], env=child_env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    return run
+
+
+@pytest.mark.parametrize("text, match", [
+    pytest.param("not json", r"is not a valid cudnn_cache JSON export", id="not_json"),
+    pytest.param("{}", r"is not a valid cudnn_cache JSON export", id="empty_object"),
+    pytest.param('{"format_version": 99, "cudnn_version": 1, "cuda_runtime_version": 1, "sections": []}',
+                 r"format_version 99 \(this build reads 1 to 3\)", id="future_version"),
+    pytest.param('{"format_version": 3, "cudnn_version": 1, "cuda_runtime_version": 1, "sections": [{}]}',
+                 r"is not a valid cudnn_cache JSON export", id="section_without_origin"),
+])
+def test_import_of_bad_json_exits_3_naming_the_file_and_writes_nothing(text, match, cli, tmp_path):
+    source = tmp_path / "export.json"
+    source.write_text(text)
+    result = cli("import", source, "-o", tmp_path / "out.cache")
+    assert result.returncode == 3, result.stderr
+    assert str(source) in result.stderr and re.search(match, result.stderr), result.stderr
+    assert not (tmp_path / "out.cache").exists()
+
+
+def test_import_of_a_json_export_with_graph_entries_under_format_1_is_refused(cli, valid_file, tmp_path):
+    """Format 1 files cannot hold graph-API entries: the import must say so rather than write what deserialize
+    of such a file would refuse (found by the fuzzer)."""
+    exported = cli("export", valid_file, "--json")
+    assert exported.returncode == 0, exported.stderr
+    assert '"graph_forward": [\n' in exported.stdout or '"graph_' in exported.stdout
+    source = tmp_path / "v1.json"
+    source.write_text(exported.stdout.replace('"format_version": 3', '"format_version": 1', 1))
+    result = cli("import", source, "-o", tmp_path / "out.cache")
+    assert result.returncode == 3 and "format_version 1 cannot hold graph-API entries" in result.stderr, result.stderr
+
+
+# --- The command lines ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, code, match", [
+    pytest.param([], 2, r"the following arguments are required|usage", id="no_command"),
+    pytest.param(["bogus"], 2, r"invalid choice: 'bogus'", id="unknown_command"),
+    pytest.param(["validate"], 2, r"the following arguments are required", id="validate_without_file"),
+    pytest.param(["export", "x.cache"], 2, r"--json", id="export_without_json"),
+    pytest.param(["merge", "a.cache"], 2, r"-o/--output", id="merge_without_output"),
+    pytest.param(["validate", "missing.cache"], 3, r"missing.cache.*No such file", id="validate_missing"),
+    pytest.param(["validate", "."], 3, r"not a regular file", id="validate_directory"),
+    pytest.param(["merge", "missing.cache", "-o", "out.cache"], 3, r"missing.cache", id="merge_missing_input"),
+])
+def test_cli_bad_arguments_exit_2_or_3_with_a_message(args, code, match, cli):
+    result = cli(*args)
+    assert result.returncode == code, result.stderr
+    assert re.search(match, result.stderr), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_merge_into_a_missing_folder_exits_3_naming_it(cli, valid_file, tmp_path):
+    result = cli("merge", valid_file, "-o", tmp_path / "no" / "out.cache")
+    assert result.returncode == 3 and "no/out.cache" in result.stderr and "unchanged" in result.stderr
+
+
+@pytest.mark.parametrize("args, code, match", [
+    pytest.param([], 2, r"no command given", id="no_command"),
+    pytest.param(["frobnicate"], 2, r"unknown command 'frobnicate'", id="unknown_command"),
+    pytest.param(["validate", "a", "b"], 2, r"validate takes exactly one FILE", id="validate_two_files"),
+    pytest.param(["synth", "x.cache", "--entries", "ten"], 2, r"--entries takes a non-negative integer, not 'ten'",
+                 id="synth_bad_count"),
+    pytest.param(["synth", "x.cache", "--entries", "-1"], 2, r"non-negative integer", id="synth_negative_count"),
+    pytest.param(["synth", "x.cache"], 2, r"synth needs FILE and --entries N", id="synth_without_entries"),
+    pytest.param(["synth", "no/such/x.cache", "--entries", "3"], 1, r"cannot save 'no/such/x.cache'.*unchanged",
+                 id="synth_missing_folder"),
+    pytest.param(["validate", "missing.cache"], 1, r"cannot read 'missing.cache'", id="validate_missing"),
+])
+def test_tool_bad_arguments_exit_1_or_2_with_a_message(args, code, match, build_dir, tmp_path):
+    result = subprocess.run([str(build_dir / "cudnn_cache_tool"), *args], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == code, result.stderr
+    assert re.search(match, result.stderr), result.stderr
+
+
+# --- CUDA tensors (need a GPU: "GPU: pending run" in docs/RELIABILITY.md) ----------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call, match", [
+    pytest.param(lambda: conv(X.cuda(), W), r"input is on cuda:0 but weight is on cpu; move both to one device",
+                 id="cuda_input_cpu_weight"),
+    pytest.param(lambda: conv(X.cuda(), W.cuda(), bias=torch.randn(6)), r"bias must match input's device",
+                 id="cuda_bias_on_cpu"),
+    pytest.param(lambda: conv(X.cuda().long(), W.cuda().long()), r"input has dtype Long.*Convert",
+                 id="cuda_dtype_int64"),
+    pytest.param(lambda: conv(X.cuda(), W.cuda(), groups=2), r"check in_channels and groups", id="cuda_groups"),
+    pytest.param(lambda: cudnn_cache.fill(X.cuda(), W), r"move both to one device", id="fill_mixed_devices"),
+    pytest.param(lambda: cudnn_cache.prepare(device=99), r"device 99 does not exist", id="prepare_missing_device"),
+    pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6, device="cuda"), W.cuda(), [2, 4, 8],
+                                                         [1], [0], [1], 1),
+                 r"input_size has 3 values but grad_output has 4 dimensions", id="cuda_backward_input_size_rank"),
+    pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 5, 5, device="cuda"), W.cuda(),
+                                                         [2, 4, 8, 8], [1], [0], [1], 1),
+                 r"grad_output has sizes \[2, 6, 5, 5\] but the convolution", id="cuda_grad_output_size"),
+])
+def test_bad_cuda_tensors_raise_an_error_naming_the_input_and_the_fix(call, match, cache_state):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+@pytest.mark.gpu
+def test_cuda_empty_batch_gives_the_native_result_forward_and_backward(cache_state):
+    x = torch.randn(0, 4, 8, 8, device="cuda", requires_grad=True)
+    w = torch.randn(6, 4, 3, 3, device="cuda", requires_grad=True)
+    y = cudnn_cache.functional.conv2d(x, w, padding=1)
+    assert y.shape == F.conv2d(x, w, padding=1).shape == (0, 6, 8, 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and torch.count_nonzero(w.grad) == 0
+    assert cudnn_cache.fill(x.detach(), w.detach(), [1], [1], [1]) == 0  # nothing to tune
+
+
+@pytest.mark.gpu
+def test_cuda_sizes_beyond_int32_raise_an_error_naming_the_fix(cache_state):
+    x = torch.empty(2**15 + 1, 1, 256, 256, device="cuda", dtype=torch.float16)  # 2^31 + 2^16 elements, 4 GiB
+    w = torch.randn(1, 1, 1, 1, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"32-bit indexing allows; split the batch"):
+        conv(x, w)
+
+
+@pytest.mark.gpu
+def test_cuda_non_contiguous_and_misaligned_inputs_give_the_native_result(cache_state):
+    base = torch.randn(2, 4, 9, 9, device="cuda")
+    x = base[:, :, 1:, 1:]  # a view that starts inside the allocation, not 16-byte aligned
+    torch.testing.assert_close(conv(x, W.cuda(), padding=(1,)), F.conv2d(x, W.cuda(), padding=1), rtol=1e-3,
+                               atol=1e-3)
+
+
+def test_conv_key_of_a_transposed_convolution_needs_no_output_padding():
+    """output_padding is optional in conv_key and fill; it used to reach the op as [] and fail for transposed=True."""
+    x, w = torch.randn(2, 4, 5, 5), torch.randn(4, 3, 3, 3)
+    assert cudnn_cache.conv_key("backward_data", x, w, [2], [0], [1], transposed=True) == cudnn_cache.conv_key(
+        "backward_data", x, w, [2], [0], [1], transposed=True, output_padding=[0, 0])
