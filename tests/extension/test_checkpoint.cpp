@@ -745,6 +745,7 @@ TEST_CASE("16 processes saving into one file at once lose no entry", "[checkpoin
   CHECK(saved.sections.size() == kProcesses);
   CHECK(saved.size() == kProcesses * kRounds * kPerRound);
   for (const CheckpointSection& section : saved.sections) CHECK(section.size() == kRounds * kPerRound);
+}
 
 // --- Concurrency (scripts/sanitize.sh tsan runs the [concurrency] tests) -------------------------------------
 
