@@ -136,8 +136,12 @@ FileLock::FileLock(const std::string& path, double timeout_seconds,
   const std::string lock_path = lock_path_of(path);
   const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
-    throw Error(detail::concat("cannot save '", path, "': cannot open its lock file '", lock_path,
-                               "': ", std::strerror(errno), "; the previous file, if any, is unchanged"));
+    const int error = errno;
+    const char* fix = error == ENOENT   ? " (create its folder first)"
+                      : error == EACCES ? " (save into a folder you can write to)"
+                                        : "";
+    throw Error(detail::concat("cannot save '", path, "': cannot open its lock file '", lock_path, "': ",
+                               std::strerror(error), fix, "; the previous file, if any, is unchanged"));
   }
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(

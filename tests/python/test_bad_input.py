@@ -273,24 +273,30 @@ def test_load_and_save_refuse_arguments_that_are_not_paths(function, argument, c
         getattr(cudnn_cache, function)(argument)
 
 
-@pytest.mark.parametrize("where, match", [
-    ("empty", r"cannot save to '': give a file name"),
-    ("trailing_slash", r"cannot save to '.*/': give a file name"),
-    ("missing_folder", r"cannot save '.*no/such/cache': cannot create a temporary file in its folder: No such file "
-                       r"or directory; the previous file, if any, is unchanged"),
-    ("over_a_folder", r"cannot save '.*taken': rename failed: (Is a directory|Directory not empty); the previous "
-                      r"file, if any, is unchanged"),
+@pytest.mark.parametrize("where, merge, match", [
+    ("empty", True, r"cannot save to '': give a file name"),
+    ("trailing_slash", True, r"cannot save to '.*/': give a file name"),
+    # A save takes the lock "<file>.lock" first (merging or not), so a missing folder fails there.
+    ("missing_folder", True, r"cannot save '.*no/such/cache': cannot open its lock file '.*no/such/cache\.lock': No "
+                             r"such file or directory \(create its folder first\); the previous file, if any, is "
+                             r"unchanged"),
+    ("over_a_folder", True, r"cannot save '.*taken' merged with what it holds: cannot read '.*taken': not a regular "
+                            r"file\. Nothing was written\. Move the file aside, or save with merge=False to replace it"),
+    ("over_a_folder", False, r"cannot save '.*taken': rename failed: (Is a directory|Directory not empty); the "
+                             r"previous file, if any, is unchanged"),
 ])
-def test_save_to_a_bad_path_names_it_and_leaves_nothing_behind(where, match, tmp_path, valid_file, cache_state):
+def test_save_to_a_bad_path_names_it_and_leaves_nothing_behind(where, merge, match, tmp_path, valid_file,
+                                                                cache_state):
     cudnn_cache.load(valid_file)
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "inside").write_text("kept")
     path = {"empty": "", "trailing_slash": f"{tmp_path}/", "missing_folder": tmp_path / "no" / "such" / "cache",
             "over_a_folder": tmp_path / "taken"}[where]
-    before = sorted(os.listdir(tmp_path))
+    before = set(os.listdir(tmp_path))
     with pytest.raises(RuntimeError, match=match):
-        cudnn_cache.save(path)
-    assert sorted(os.listdir(tmp_path)) == before  # no temporary file left
+        cudnn_cache.save(path, merge=merge)
+    # No temporary file left; only the (empty) lock file a save keeps next to its file may be new.
+    assert set(os.listdir(tmp_path)) - before <= {"taken.lock"}
     assert (tmp_path / "taken" / "inside").read_text() == "kept"
 
 
@@ -300,7 +306,9 @@ def test_save_into_a_read_only_folder_names_it(tmp_path, valid_file, cache_state
     folder.mkdir()
     folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
-        with pytest.raises(RuntimeError, match=r"cannot create a temporary file in its folder: Permission denied"):
+        # The lock file "<file>.lock" is created first, so that is what the folder refuses.
+        with pytest.raises(RuntimeError, match=r"cannot open its lock file '.*read_only/cache\.lock': Permission "
+                                               r"denied \(save into a folder you can write to\); the previous file"):
             cudnn_cache.save(folder / "cache")
     finally:
         folder.chmod(stat.S_IRWXU)
