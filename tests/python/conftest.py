@@ -40,6 +40,15 @@ def child_env() -> dict:
     return env
 
 
+@pytest.fixture
+def cli(child_env, tmp_path):
+    """Runs `python -m cudnn_cache ARGS...` in a child process, in tmp_path; returns the CompletedProcess."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cudnn_cache", *map(str, args)], env=child_env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    return run
+
+
 @pytest.fixture(scope="session")
 def build_dir() -> pathlib.Path:
     """The CMake build folder: $CUDNN_CACHE_BUILD_DIR, or ./build (what scripts/build.sh makes)."""

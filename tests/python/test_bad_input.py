@@ -316,14 +316,6 @@ def test_save_into_a_read_only_folder_names_it(tmp_path, valid_file, cache_state
 
 # --- JSON import ------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def cli(child_env, tmp_path):
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "cudnn_cache", *map(str, args)], env=child_env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
-    return run
-
-
 @pytest.mark.parametrize("text, match", [
     pytest.param("not json", r"is not a valid cudnn_cache JSON export", id="not_json"),
     pytest.param("{}", r"is not a valid cudnn_cache JSON export", id="empty_object"),

@@ -9,14 +9,6 @@ import pytest
 
 
 @pytest.fixture
-def cli(child_env, tmp_path):
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "cudnn_cache", *map(str, args)], env=child_env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
-    return run
-
-
-@pytest.fixture
 def files(tool, tmp_path):
     """Two synthetic files: b holds a's 30 entries and 10 more."""
     a, b = tmp_path / "a.cache", tmp_path / "b.cache"
