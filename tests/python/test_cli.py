@@ -2,8 +2,6 @@
 synthetic cache files (no GPU needed); a JSON export edited by hand makes the conflicting file."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
