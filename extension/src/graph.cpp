@@ -223,6 +223,9 @@ float median(std::vector<float> times) {
 }
 
 bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % kAlignment == 0; }
+bool aligned(const ConvolutionBuffers& buffers) {
+  return aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y);
+}
 
 // The engine config of the graph's plan at `index`, without its time; nullopt if it cannot be replayed from
 // the cache (more knobs than a key stores, or a knob this cudnn-frontend cannot name, which comes back as
@@ -300,20 +303,15 @@ std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& 
   if (count <= 0 || graph.get_knobs_for_engine(best.engine_id, ranges).is_bad()) return variants;
   for (int distance = 1; distance <= 2; ++distance) {
     for (const fe::Knob& range : ranges) {
-      const auto type = static_cast<std::int64_t>(range.type);
-      Knob* knob = nullptr;
-      EngineCandidate variant = best;
-      for (int k = 0; k < variant.knob_count; ++k) {
-        if (variant.knobs[k].type == type) knob = &variant.knobs[k];
-      }
-      if (!knob || range.stride <= 0) continue;
+      const Knob* knob = std::find_if(best.knobs_begin(), best.knobs_end(), [&](const Knob& k) {
+        return k.type == static_cast<std::int64_t>(range.type);
+      });
+      if (knob == best.knobs_end() || range.stride <= 0) continue;
       for (const int sign : {1, -1}) {
         const std::int64_t value = knob->value + sign * distance * range.stride;
         if (value < range.minValue || value > range.maxValue) continue;
-        EngineCandidate changed = variant;
-        for (int k = 0; k < changed.knob_count; ++k) {
-          if (changed.knobs[k].type == type) changed.knobs[k].value = value;
-        }
+        EngineCandidate changed = best;
+        changed.knobs[knob - best.knobs_begin()].value = value;
         variants.push_back(changed);
         if (static_cast<int>(variants.size()) == count) return variants;
       }
@@ -396,7 +394,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                                 const GraphSearchOptions& options,
                                                 std::shared_ptr<const GraphPlan>* best_plan) {
-  CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
+  CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be 16-byte aligned for ", key);
   EngineSearch search(handle, key, buffers, allocate, options);
   Graph& graph = search.graph();
@@ -432,7 +430,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
 ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                 const WorkspaceAllocator& allocate, const EngineCandidate& stored,
                                 const GraphSearchOptions& options) {
-  CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
+  CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be 16-byte aligned for ", key);
   auto graph = heuristic_graph(handle, key, options.deterministic);
   auto pack = variant_pack(buffers);
@@ -546,7 +544,7 @@ std::vector<std::uint8_t> GraphPlan::serialize() const {
 }
 
 void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const {
-  CUDNN_CACHE_REQUIRE(aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y),
+  CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be 16-byte aligned (", to_string(direction_), ")");
   auto pack = variant_pack(buffers);
   fe::error_t status = graph_->execute(handle, pack, workspace);

@@ -10,6 +10,7 @@
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/descriptors.h"
 #include "cudnn_cache/runtime.h"
+#include "cuda/context.h"
 #include "problem.h"
 
 namespace cudnn_cache::torch_ops {
@@ -258,19 +259,11 @@ void set_log_level(const std::string& level) {
 
 std::string get_log_level() { return to_string(Runtime::instance().log_level()); }
 
-int prepare_device(const std::optional<std::int64_t>& device) {
-  TORCH_CHECK(at::cuda::is_available(), "cudnn_cache.prepare: no CUDA device; plans are built for a GPU");
-  const std::int64_t index = device.value_or(at::cuda::current_device());
-  TORCH_CHECK(index >= 0 && index < at::cuda::device_count(), "cudnn_cache.prepare: device ", index,
-              " does not exist; this process sees ", at::cuda::device_count(), " CUDA devices");
-  return static_cast<int>(index);
-}
-
 // Plans for every graph-API entry of the device; the number ready. In the background it returns 0 at once,
 // and prepare_wait() gives the number.
 std::int64_t prepare(const std::optional<std::int64_t>& device, std::int64_t threads, bool background) {
   TORCH_CHECK(threads >= 0, "cudnn_cache.prepare: threads must be >= 0 (0: one per core, at most 8), got ", threads);
-  const int index = prepare_device(device);
+  const int index = cuda_device("prepare", device, "plans are built for a GPU");
   Runtime& runtime = Runtime::instance();
   if (background) {
     runtime.prepare_in_background(index, static_cast<int>(threads));

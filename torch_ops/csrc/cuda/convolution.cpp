@@ -142,24 +142,6 @@ std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::In
   return 3;
 }
 
-at::ScalarType scalar_type_of(std::int32_t data_type) {
-  switch (static_cast<cudnnDataType_t>(data_type)) {
-    case CUDNN_DATA_FLOAT: return at::kFloat;
-    case CUDNN_DATA_HALF: return at::kHalf;
-    case CUDNN_DATA_BFLOAT16: return at::kBFloat16;
-    case CUDNN_DATA_DOUBLE: return at::kDouble;
-    default: TORCH_CHECK(false, "cudnn_cache.tune_key: the key's data type ", data_type, " has no PyTorch dtype");
-  }
-}
-
-// Memory with the sizes and strides of the key's tensor, holding N(0, 1) values: what a search times must
-// look like real data (uninitialised memory may hold NaNs or denormals, which some kernels run slower on).
-at::Tensor buffer_for(const TensorKey& tensor, const at::TensorOptions& options) {
-  const std::vector<std::int64_t> sizes(tensor.dims.begin(), tensor.dims.begin() + tensor.nb_dims);
-  const std::vector<std::int64_t> strides(tensor.strides.begin(), tensor.strides.begin() + tensor.nb_dims);
-  return at::empty_strided(sizes, strides, options).normal_();
-}
-
 template <Direction D>
 void tune_in(Backend backend, cudnnHandle_t handle, int device, const ConvolutionKey& key,
              const ConvolutionBuffers& buffers) {
@@ -176,24 +158,13 @@ void tune_in(Backend backend, cudnnHandle_t handle, int device, const Convolutio
 // can tune a problem another process met (cudnn_cache.distributed.sync). Returns the directions tuned (1).
 std::int64_t tune_key(at::IntArrayRef words, const std::string& backend_name,
                       const std::optional<std::int64_t>& device) {
-  TORCH_CHECK(at::cuda::is_available(), "cudnn_cache.tune_key: no CUDA device; tuning times cuDNN on a GPU");
-  const std::int64_t index = device.value_or(at::cuda::current_device());
-  TORCH_CHECK(index >= 0 && index < at::cuda::device_count(), "cudnn_cache.tune_key: device ", index,
-              " does not exist; this process sees ", at::cuda::device_count(), " CUDA devices");
+  const int device_index = cuda_device("tune_key", device, "tuning times cuDNN on a GPU");
   const ConvolutionKey key = key_from_list(words);
   const Backend backend = rethrow([&] { return backend_from_string(backend_name); });
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
-  const auto options = at::TensorOptions()
-                           .device(at::kCUDA, static_cast<c10::DeviceIndex>(index))
-                           .dtype(scalar_type_of(key.input.data_type));
-  const at::Tensor x = buffer_for(key.input, options);
-  const at::Tensor y = buffer_for(key.output, options);
-  std::int64_t weight_elements = 1;
-  for (int d = 0; d < key.weight.nb_dims; ++d) weight_elements *= key.weight.dims[d];
-  const at::Tensor w = at::empty({weight_elements}, options).normal_();
-  const ConvolutionBuffers buffers{x.data_ptr(), w.data_ptr(), y.data_ptr()};
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  const KeyOperands operands = operands_for("tune_key", key, device_index);
+  const ConvolutionBuffers buffers = operands.buffers();
   const cudnnHandle_t handle = current_handle();
-  const int device_index = static_cast<int>(index);
   rethrow([&] {
     switch (static_cast<Direction>(key.direction)) {
       case Direction::forward: return tune_in<Direction::forward>(backend, handle, device_index, key, buffers);

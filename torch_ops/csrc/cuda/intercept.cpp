@@ -71,7 +71,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
       grad_weight = call_backward_weight(grad_output, input, weight.sizes(), stride, padding, dilation, groups);
     }
   } else {  // the transposed convolution is the backward-data of the convolution from its output to its input
-    if (output_mask[0]) grad_input = call_convolution(grad_output, weight, std::nullopt, stride, padding, dilation, groups);
+    if (output_mask[0]) {
+      grad_input = call_convolution(grad_output, weight, std::nullopt, stride, padding, dilation, groups);
+    }
     if (output_mask[1]) {
       grad_weight = call_backward_weight(input, grad_output, weight.sizes(), stride, padding, dilation, groups);
     }
