@@ -71,6 +71,7 @@ TEST_CASE("search options are kept, and values out of range are refused naming t
   refused([](GraphSearchOptions& o) { o.max_candidates = 0; }, "max_candidates");
   refused([](GraphSearchOptions& o) { o.mode_b_candidates = -2; }, "mode_b_candidates");
   refused([](GraphSearchOptions& o) { o.knob_variants = -1; }, "knob_variants");
+  refused([](GraphSearchOptions& o) { o.finalists = -1; }, "finalists");
   refused([](GraphSearchOptions& o) { o.give_up_ratio = 0.5f; }, "give_up_ratio");
 }
 

@@ -434,7 +434,7 @@ def test_cuda_sizes_beyond_int32_raise_an_error_naming_the_fix(cache_state):
 @pytest.mark.gpu
 def test_cuda_non_contiguous_and_misaligned_inputs_give_the_native_result(cache_state):
     base = torch.randn(2, 4, 9, 9, device="cuda")
-    x = base[:, :, 1:, 1:]  # a view that starts inside the allocation, not 16-byte aligned
+    x = base[:, :, 1:, 1:]  # a view that starts inside the allocation, not 32-byte aligned
     torch.testing.assert_close(conv(x, W.cuda(), padding=(1,)), F.conv2d(x, W.cuda(), padding=1), rtol=1e-3,
                                atol=1e-3)
 

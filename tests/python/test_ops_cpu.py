@@ -561,7 +561,7 @@ def test_prepare_rejects_negative_threads():
 
 def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
     assert cudnn_cache.tuning_options() == {"warmup": 3, "repetitions": 7, "max_candidates": 10,
-                                            "mode_b_candidates": 3, "knob_variants": 4, "flush_l2": True,
+                                            "mode_b_candidates": 3, "knob_variants": 4, "finalists": 3, "flush_l2": True,
                                             "give_up_ratio": 1.5}
     cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False)
     options = cudnn_cache.tuning_options()

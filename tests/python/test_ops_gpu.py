@@ -307,11 +307,13 @@ def test_legacy_backend_matches_native(dtype, channels_last):
     assert cudnn_cache.stats()["plans_built"] == 0 and cudnn_cache.stats()["tunes"] == 3
 
 
-def test_a_misaligned_view_runs_through_the_graph_backend():
+@pytest.mark.parametrize("offset", [1, 4])  # elements: 4 bytes (not even 16-byte aligned) and 16 bytes
+def test_a_misaligned_view_runs_through_the_graph_backend(offset):
+    """The graph API's tensors are declared 32-byte aligned; a view that is not is copied, not a fallback."""
     torch.backends.cudnn.allow_tf32 = False
-    base = randn(2 * 4 * 8 * 8 + 1)
-    x = base[1:].view(2, 4, 8, 8)  # starts 4 bytes into its storage: contiguous but not 16-byte aligned
-    assert x.data_ptr() % 16 != 0
+    base = randn(2 * 4 * 8 * 8 + offset)
+    x = base[offset:].view(2, 4, 8, 8)  # contiguous, but starts 4 * offset bytes into its storage
+    assert x.data_ptr() % 32 != 0
     w = randn(8, 4, 3, 3, seed=2)
     torch.testing.assert_close(ops.convolution(x, w, None, [1], [1], [1], 1), F.conv2d(x, w, padding=1))
     assert cudnn_cache.stats()["fallbacks"] == 0

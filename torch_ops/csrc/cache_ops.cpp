@@ -176,13 +176,10 @@ std::int64_t save(const std::string& path, bool merge, double lock_timeout) {
 }
 
 std::int64_t load(const std::string& path) {
-  const LoadReport report = rethrow([&] { return cudnn_cache::load(Runtime::instance().store(), path); });
-  if (report.other_cudnn_entries > 0) {
-    TORCH_WARN("cudnn_cache: ", report.other_cudnn_entries, " of the ", report.entries, " entries in '", path,
-               "' were measured with another cuDNN major.minor than this process's ", CudnnVersion::of_library(),
-               "; they are kept (and saved again) but not used. Run the warm start again to tune for this cuDNN.");
-  }
-  return static_cast<std::int64_t>(report.entries);
+  // Entries of another GPU or cuDNN are kept quietly: one file serves a mixed fleet. A call that needs one
+  // of them is a fallback, warned about once (Note [Running a cached convolution]).
+  return static_cast<std::int64_t>(
+      rethrow([&] { return cudnn_cache::load(Runtime::instance().store(), path); }).entries);
 }
 
 c10::Dict<std::string, std::int64_t> stats() {
@@ -220,8 +217,8 @@ std::string get_backend() { return to_string(Runtime::instance().backend()); }
 // Changes the named fields of the graph API's search options; the others keep their values.
 void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::int64_t> repetitions,
                         std::optional<std::int64_t> max_candidates, std::optional<std::int64_t> mode_b_candidates,
-                        std::optional<std::int64_t> knob_variants, std::optional<bool> flush_l2,
-                        std::optional<double> give_up_ratio) {
+                        std::optional<std::int64_t> knob_variants, std::optional<std::int64_t> finalists,
+                        std::optional<bool> flush_l2, std::optional<double> give_up_ratio) {
   Runtime& runtime = Runtime::instance();
   GraphSearchOptions options = runtime.search_options();
   const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
@@ -235,6 +232,7 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
   narrow(max_candidates, options.max_candidates, "max_candidates");
   narrow(mode_b_candidates, options.mode_b_candidates, "mode_b_candidates");
   narrow(knob_variants, options.knob_variants, "knob_variants");
+  narrow(finalists, options.finalists, "finalists");
   if (flush_l2) options.flush_l2 = *flush_l2;
   if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
   rethrow([&] { runtime.set_search_options(options); });
@@ -248,6 +246,7 @@ c10::Dict<std::string, c10::IValue> get_tuning_options() {
   result.insert("max_candidates", static_cast<std::int64_t>(options.max_candidates));
   result.insert("mode_b_candidates", static_cast<std::int64_t>(options.mode_b_candidates));
   result.insert("knob_variants", static_cast<std::int64_t>(options.knob_variants));
+  result.insert("finalists", static_cast<std::int64_t>(options.finalists));
   result.insert("flush_l2", options.flush_l2);
   result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
   return result;

@@ -142,6 +142,8 @@ def set_tuning_options(**options) -> None:
     - max_candidates (10): configs of cuDNN's heuristics (mode A, then the fallback list) built and timed;
     - mode_b_candidates (3): then heuristics mode B's first picks; knob_variants (4): then the best config so
       far with one knob moved to a neighbouring value;
+    - finalists (3): then the fastest this many and heuristics' first pick are timed again, together in
+      interleaved rounds, and that decides; 0 keeps the first timings;
     - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
     - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best.
     """

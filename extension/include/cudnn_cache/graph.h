@@ -22,7 +22,12 @@
 //   3. the best config so far with one knob moved to a neighbouring value (each knob's range and step come
 //      from cuDNN; nearest values first, `knob_variants` of them). Heuristics give each engine one knob
 //      setting; this bounded local search finds the tile or split a shape prefers. Runtime-compiled engines
-//      are skipped: every variant would be another compilation.
+//      are skipped: every variant would be another compilation;
+//   4. the fastest `finalists` so far and heuristics' first pick (the config native benchmark=False runs),
+//      timed again together in `repetitions` interleaved rounds; their medians decide, and they rank before
+//      the rest. Many configs lie within a few per cent of each other, and the fastest of a dozen medians
+//      taken one after another is the luckiest as often as the best: a paired second measurement removes
+//      that bias, the way audit_engine_choice measures.
 //
 // Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs,
 // then the median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing
@@ -35,9 +40,13 @@
 // single lucky or unlucky sample decides. audit_engine_choice measures a stored choice against the configs
 // both native modes would pick, the same way for all three, interleaved in rounds.
 //
-// Tensors are described with 16-byte alignment (cudnn-frontend's default); GraphPlan::execute refuses
-// buffers that are not, so the caller can fall back to the legacy path.
+// Tensors are described as kGraphAlignment (32) bytes aligned, the most PyTorch ever declares (getAlignment in
+// Conv_v8.cpp) and what memory from its caching allocator always is. cuDNN's heuristics read the alignment:
+// with cudnn-frontend's default of 16 they leave out engines that need 32, such as the TF32 NHWC kernel
+// PyTorch runs for ResNet-50's 7x7 fp32 stem (docs/PERFORMANCE.md). GraphPlan::execute refuses buffers that
+// are less aligned, so the caller copies them (torch_ops) or falls back to the legacy path.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +61,9 @@ class Graph;
 }
 
 namespace cudnn_cache {
+
+// The alignment, in bytes, that the graph API's tensors are described with and its buffers must have.
+inline constexpr std::size_t kGraphAlignment = 32;
 
 // Times every engine config cuDNN offers for the key on the buffers and returns them ranked (Note
 // [Selection, merge and fallback policy]). The direction's output buffer is overwritten. Throws Error if cuDNN
@@ -81,7 +93,7 @@ class GraphPlan {
 
   std::uint64_t workspace_bytes() const { return workspace_bytes_; }
 
-  // Runs the plan; the workspace must hold workspace_bytes(). Throws Error if a buffer is not 16-byte aligned
+  // Runs the plan; the workspace must hold workspace_bytes(). Throws Error if a buffer is not kGraphAlignment-byte aligned
   // or cuDNN fails.
   void execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const;
 

@@ -17,7 +17,9 @@
 //     (cudnn_cache.distributed.sync; Note [Sharing tuning between processes]). A key carries every size,
 //     stride, data type and convolution parameter, so it is enough to re-create the tensors to time it on.
 // A call that cannot run its best cached candidate (out of memory for the workspace, NOT_SUPPORTED, ...)
-// counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do.
+// counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do. So
+// does a miss whose key the cache holds for another origin only (a file tuned on another GPU, or with
+// another cuDNN): such entries are never used, and the warning says why this process tunes anyway.
 //
 // The graph API's path (run_graph) is the same walk over engine configs, each run through an execution
 // plan built once per key and config and kept in the plan cache (Note [Plan cache]); a config cuDNN refuses
@@ -85,7 +87,8 @@ struct Stats {
   std::uint64_t hits = 0;           // calls whose key was cached
   std::uint64_t misses = 0;         // calls whose key was not
   std::uint64_t tunes = 0;          // searches run (by misses under the tune policy, and by tune())
-  std::uint64_t fallbacks = 0;      // calls that could not run their best candidate
+  std::uint64_t fallbacks = 0;      // calls that could not run their best cached candidate, or whose key is
+                                    // cached only for another GPU or cuDNN
   std::uint64_t tune_us = 0;        // time spent in those searches, in microseconds
   std::uint64_t plans_built = 0;    // graph-API execution plans built (by calls and by prepare)
   std::uint64_t plan_build_us = 0;  // time spent building them, in microseconds
@@ -122,6 +125,7 @@ struct GraphSearchOptions {
   int max_candidates = 10;     // configs of heuristics mode A and the fallback list built and timed, in order
   int mode_b_candidates = 3;   // then heuristics mode B's first picks, where they are not among those
   int knob_variants = 4;       // then the best so far with one knob moved to a neighbouring value
+  int finalists = 3;           // then the fastest this many, and heuristics' first pick, timed again together
   bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
   float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
@@ -178,6 +182,10 @@ class Runtime {
   // Forgets every recorded miss.
   void clear_recorded_misses();
 
+  // Counts a call that could not use the best of what the cache holds for it in stats().fallbacks and, the
+  // first time in the process, warns "cudnn_cache: <what>. Counted in stats()['fallbacks']; ...".
+  void count_fallback(const std::string& what);
+
   // Runs the convolution of `key` on the buffers; see Note [Running a cached convolution]. With
   // `deterministic`, only candidates cuDNN reports as deterministic are run.
   template <typename Traits>
@@ -224,8 +232,6 @@ class Runtime {
 
  private:
   static constexpr int kMaxDevices = 64;
-
-  void count_fallback(const ConvolutionKey& key, const std::string& why);
 
   CacheStore store_;
   std::unique_ptr<PlanCache> plans_;

@@ -9,6 +9,7 @@
 #include "../convolution.h"
 #include "../problem.h"
 #include "context.h"
+#include "cudnn_cache/graph.h"
 #include "cudnn_cache/runtime.h"
 
 namespace cudnn_cache::torch_ops {
@@ -19,11 +20,11 @@ void check_cuda(const char* op, const at::Tensor& a, const at::Tensor& b) {
               " and ", b.device());
 }
 
-// The graph API describes tensors as 16-byte aligned (Note [Engine configs]). Memory from the caching
-// allocator is; a view that starts inside it may not be, and is copied.
+// The graph API describes tensors as kGraphAlignment-byte aligned (Note [Engine configs]). Memory from the
+// caching allocator is; a view that starts inside it may not be, and is copied.
 at::Tensor aligned(const at::Tensor& tensor, at::MemoryFormat format) {
   const at::Tensor dense = tensor.contiguous(format);
-  if (reinterpret_cast<std::uintptr_t>(dense.data_ptr()) % 16 == 0) return dense;
+  if (reinterpret_cast<std::uintptr_t>(dense.data_ptr()) % kGraphAlignment == 0) return dense;
   return dense.clone(format);
 }
 
