@@ -268,6 +268,21 @@ Ranking<GraphTraits<D>> search_graph(cudnnHandle_t handle, int device, const Con
   return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
 }
 
+// The fallback warning's first sentence for a call whose best cached candidate could not run.
+std::string could_not_run(const ConvolutionKey& key, const std::string& why) {
+  return detail::concat("the best cached algorithm could not run (", why, ") for ", key,
+                        "; running the next candidate");
+}
+
+// Another origin whose cache of Traits holds the key, if any (the first in origin order).
+template <typename Traits>
+std::optional<Origin> cached_elsewhere(const CacheStore& store, const Origin& origin, const ConvolutionKey& key) {
+  for (const auto& [other, caches] : store.origins()) {
+    if (other != origin && caches->template get<Traits>().find(key)) return other;
+  }
+  return std::nullopt;
+}
+
 // Counters a lookup updates, and the runtime it logs to.
 struct Counters {
   Runtime& runtime;
@@ -317,10 +332,20 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
   if (runtime.logs(LogLevel::debug)) {
     runtime.log(LogLevel::debug, detail::concat("miss (policy '", to_string(policy), "'): no ", kind, " for ", key));
   }
+  // An entry measured on another GPU or with another cuDNN is never used (Note [Selection, merge and fallback
+  // policy]), but a call that finds one is told so and counted.
+  const std::optional<Origin> elsewhere = cached_elsewhere<Traits>(runtime.store(), origin, key);
+  const std::string only_elsewhere =
+      elsewhere ? detail::concat(" (the cache holds it only for ", *elsewhere, ", not for ", origin, ")") : "";
   if (policy == MissPolicy::error) {
-    throw Error(detail::concat("cudnn_cache: no cached ", kind, " for ", key,
+    throw Error(detail::concat("cudnn_cache: no cached ", kind, " for ", key, only_elsewhere,
                                " and the miss policy is 'error'. Run scripts/warm_start.py for this model and input "
                                "shape, then load its file"));
+  }
+  if (elsewhere) {
+    runtime.count_fallback(detail::concat("no cached ", kind, " for ", key, only_elsewhere, "; the miss policy '",
+                                          to_string(policy), "' applies. Run the warm start on this GPU and cuDNN "
+                                          "to cache it for them"));
   }
   if (policy == MissPolicy::record) runtime.record_miss(origin, backend, key);
   if (policy == MissPolicy::tune) {
@@ -436,6 +461,7 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.max_candidates >= 1, "max_candidates", options.max_candidates, ">= 1");
   check(options.mode_b_candidates >= 0, "mode_b_candidates", options.mode_b_candidates, ">= 0");
   check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
+  check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
   std::lock_guard lock(mutex_);
   search_options_ = options;
@@ -515,12 +541,11 @@ void Runtime::clear_recorded_misses() {
   recorded_.clear();
 }
 
-void Runtime::count_fallback(const ConvolutionKey& key, const std::string& why) {
+void Runtime::count_fallback(const std::string& what) {
   ++fallbacks_;
   if (warned_.exchange(true)) return;
   const std::string message = detail::concat(
-      "cudnn_cache: the best cached algorithm could not run (", why, ") for ", key,
-      "; running the next candidate. Counted in stats()['fallbacks']; this warning is shown once per process.");
+      "cudnn_cache: ", what, ". Counted in stats()['fallbacks']; this warning is shown once per process.");
   std::lock_guard lock(mutex_);
   if (warning_handler_) {
     warning_handler_(message);
@@ -543,7 +568,7 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   const Candidate<Traits>* begin = ranking ? ranking->begin() : heuristic.data();
   const Candidate<Traits>* end = ranking ? ranking->end() : heuristic.data() + heuristic.size();
   Attempt attempt = run_first_that_runs<Traits>(handle, descriptors, buffers, begin, end, allocate, deterministic);
-  if (attempt.fell_back || !attempt.ran) count_fallback(key, attempt.why_not);
+  if (attempt.fell_back || !attempt.ran) count_fallback(could_not_run(key, attempt.why_not));
   if (attempt.ran) return;
   if (ranking) {  // nothing cached could run: cuDNN's heuristics are the last resort
     heuristic = heuristic_candidates<Traits>(handle, descriptors, key);
@@ -602,10 +627,10 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
         why_not = detail::concat(to_string(config), ": ", e.what());
         continue;
       }
-      if (&config != ranking->begin()) count_fallback(key, why_not);
+      if (&config != ranking->begin()) count_fallback(could_not_run(key, why_not));
       return;
     }
-    count_fallback(key, why_not);
+    count_fallback(could_not_run(key, why_not));
   }
   // The last resort, and the heuristic policy's choice: cuDNN's legacy heuristics, stored nowhere.
   const ConvolutionDescriptors descriptors(key);

@@ -26,7 +26,8 @@
 //
 // Other GPUs and cuDNN versions. Measurements hold only for the GPU model and cuDNN release they were taken
 // on, so every ranking lives under an Origin (device identity + cuDNN major.minor, cache_store.h). Rankings of
-// another origin are loaded, kept and saved again, but never used: a process only looks up its own origin.
+// another origin are loaded, kept and saved again, but never used: a process only looks up its own origin. A
+// miss whose key another origin holds counts as a fallback (Note [Running a cached convolution]).
 
 #include <algorithm>
 #include <array>
