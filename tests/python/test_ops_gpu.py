@@ -513,8 +513,8 @@ def test_a_file_edited_to_another_cudnn_falls_back_cleanly(child_env, tmp_path, 
         assert stats["misses"] == 0 and stats["plans_deserialized"] == 0, stats
         assert stats["plan_rebuilds"] == len(stored) and stats["fallbacks"] == 0, stats
     else:
-        assert stats["hits"] == 0 and stats["misses"] == stats["tunes"] == 3, stats
-        assert "measured with another cuDNN" in result.stderr
+        assert stats["hits"] == 0 and stats["misses"] == stats["tunes"] == stats["fallbacks"] == 3, stats
+        assert result.stderr.count("the cache holds it only for") == 1, result.stderr
 
 
 PERSISTENT_SCRIPT = r"""
