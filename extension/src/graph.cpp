@@ -226,18 +226,22 @@ bool aligned(const ConvolutionBuffers& buffers) {
   return aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y);
 }
 
-// The engine config of the graph's plan at `index`, without its time; nullopt if it cannot be replayed from
-// the cache (more knobs than a key stores, or a knob this cudnn-frontend cannot name, which comes back as
-// NOT_SET).
-std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index) {
+// The engine config of the graph's plan at `index`, without its time; nullopt if cuDNN cannot say, or it has
+// more knobs than a key stores. Knobs of a type this cudnn-frontend cannot name (cuDNN's deprecated ones,
+// which older engines such as the TF32 NHWC implicit GEMMs still use: Note [Engine configs]) come back as
+// NOT_SET and are left out; `complete` says whether any were, i.e. whether the config replays this plan.
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, bool* complete = nullptr) {
   EngineCandidate config;
   std::int64_t workspace_bytes = 0;
   std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
   if (graph.get_workspace_size_plan_at_index(index, workspace_bytes).is_bad() ||
-      graph.get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad() || knobs.size() > kMaxKnobs ||
-      knobs.count(fe::KnobType_t::NOT_SET) > 0) {
+      graph.get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad()) {
     return std::nullopt;
   }
+  // get_engine_and_knobs_at_index maps every unnamed type to NOT_SET, so one key stands for all of them.
+  if (complete) *complete = knobs.erase(fe::KnobType_t::NOT_SET) == 0;
+  knobs.erase(fe::KnobType_t::NOT_SET);
+  if (knobs.size() > kMaxKnobs) return std::nullopt;
   for (const auto& [type, value] : knobs) {
     config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
   }
@@ -335,13 +339,20 @@ class EngineSearch {
   std::shared_ptr<Graph> take_graph() { return std::move(graph_); }
 
   // Builds and times the plan at `index` unless a plan of that name was timed already; returns whether it
-  // was timed and ran.
-  bool time(std::int64_t index) {
+  // was timed and ran. A plan whose knobs cannot all be stored is replaced by its config without them
+  // (`substitute`): cuDNN chooses those knobs itself then, and what is timed is what a replay runs.
+  bool time(std::int64_t index, bool substitute = true) {
     std::string name;
     if (graph_->get_plan_name_at_index(index, name).is_bad() || !names_.insert(name).second) return false;
     if (graph_->build_plan_at_index(index).is_bad()) return false;  // not supported, or filtered out
-    std::optional<EngineCandidate> config = describe_plan(*graph_, index);
+    bool complete = true;
+    std::optional<EngineCandidate> config = describe_plan(*graph_, index, &complete);
     if (!config) return false;
+    if (!complete && substitute) {
+      names_.erase(name);  // the replayable config may well be this very plan
+      const std::int64_t replayable = add_plan(*graph_, *config);
+      return replayable >= 0 && time(replayable, false);
+    }
     std::unique_ptr<Workspace> workspace;
     if (config->workspace_bytes > 0 && !(workspace = allocate_(config->workspace_bytes))) return false;  // OOM
     Timing timing{options_.warmup, options_.repetitions, &flush_};
@@ -353,7 +364,6 @@ class EngineSearch {
     best_ms_ = std::min(best_ms_, config->time_ms);
     configs_.push_back(*config);
     indices_.push_back(index);
-    confirmed_.push_back(false);
     return true;
   }
 
@@ -383,14 +393,11 @@ class EngineSearch {
         times[f].push_back(run.front());
       }
     }
-    for (std::size_t f = 0; f < finalists.size(); ++f) {
-      configs_[finalists[f]].time_ms = median(times[f]);
-      confirmed_[finalists[f]] = true;
-    }
+    for (std::size_t f = 0; f < finalists.size(); ++f) configs_[finalists[f]].time_ms = median(times[f]);
   }
 
   // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the graph index of
-  // each. Configs timed again by confirm() rank before the rest: only they were measured side by side.
+  // each.
   std::pair<std::vector<EngineCandidate>, std::vector<std::int64_t>> ranked() const {
     std::pair<std::vector<EngineCandidate>, std::vector<std::int64_t>> result;
     for (std::size_t i : order()) {
@@ -408,7 +415,6 @@ class EngineSearch {
     std::vector<std::size_t> positions(configs_.size());
     for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = i;
     std::sort(positions.begin(), positions.end(), [&](std::size_t a, std::size_t b) {
-      if (confirmed_[a] != confirmed_[b]) return static_cast<bool>(confirmed_[a]);
       return ranks_before<GraphForwardTraits>(configs_[a], configs_[b]);
     });
     return positions;
@@ -423,7 +429,6 @@ class EngineSearch {
   std::set<std::string> names_;  // of the plans timed: the heuristic lists overlap
   std::vector<EngineCandidate> configs_;
   std::vector<std::int64_t> indices_;
-  std::vector<bool> confirmed_;  // by confirm()
   float best_ms_ = std::numeric_limits<float>::infinity();
 };
 
@@ -488,7 +493,9 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
         !names.insert(name).second) {
       continue;
     }
-    std::optional<EngineCandidate> config = describe_plan(*graph, index);
+    // Native runs this very plan, whatever its knobs; a config that leaves some out only labels it.
+    bool complete = true;
+    std::optional<EngineCandidate> config = describe_plan(*graph, index, &complete);
     std::unique_ptr<Workspace> workspace;
     if (!config || (config->workspace_bytes > 0 && !(workspace = allocate(config->workspace_bytes)))) continue;
     const std::vector<float> sample =
@@ -497,11 +504,13 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
     if (heuristic_index < 0) {
       heuristic_index = index;
       audit.heuristic.config = *config;
+      audit.heuristic.replayable = complete;
     }
     if (sample.front() < benchmark_sample) {
       benchmark_sample = sample.front();
       benchmark_index = index;
       audit.benchmark.config = *config;
+      audit.benchmark.replayable = complete;
     }
   }
   CUDNN_CACHE_REQUIRE(heuristic_index >= 0, "cuDNN graph API: no engine config runs ", key);
@@ -510,37 +519,49 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
                       "cuDNN graph API: the stored ", to_string(stored), " does not build for ", key);
   audit.stored.config = describe_plan(*graph, stored_index).value_or(stored);
 
-  // Then all three the same way, in rounds, so drift in clocks or temperature affects each alike.
+  // Then each distinct config the same way, in rounds, so drift in clocks or temperature affects each alike;
+  // the stored one twice, for the audit's resolution.
   L2Flush flush(allocate, options.flush_l2);
   struct Contender {
     std::int64_t index;
-    ChoiceAudit::Choice* choice;
+    const EngineCandidate* config;
     std::unique_ptr<Workspace> workspace;
     std::vector<float> times;
   };
   std::vector<Contender> contenders;
-  for (auto [index, choice] : {std::pair{stored_index, &audit.stored}, std::pair{heuristic_index, &audit.heuristic},
-                               std::pair{benchmark_index, &audit.benchmark}}) {
-    Contender contender{index, choice, nullptr, {}};
-    const std::uint64_t bytes = choice->config.workspace_bytes;
+  const auto contend = [&](std::int64_t index, const EngineCandidate& config) {
+    Contender contender{index, &config, nullptr, {}};
+    const std::uint64_t bytes = config.workspace_bytes;
     CUDNN_CACHE_REQUIRE(bytes == 0 || (contender.workspace = allocate(bytes)), "out of memory for a ", bytes,
                         "-byte workspace while auditing ", key);
     contenders.push_back(std::move(contender));
-  }
+    return contenders.size() - 1;
+  };
+  const std::size_t stored_at = contend(stored_index, audit.stored.config);
+  const std::size_t again_at = contend(stored_index, audit.stored.config);
+  const auto native_at = [&](std::int64_t index, const ChoiceAudit::Choice& choice) {
+    return choice.replayable && choice.config.same_choice(audit.stored.config) ? stored_at
+                                                                                : contend(index, choice.config);
+  };
+  const std::size_t heuristic_at = native_at(heuristic_index, audit.heuristic);
+  const std::size_t benchmark_at =
+      benchmark_index == heuristic_index ? heuristic_at : native_at(benchmark_index, audit.benchmark);
   for (int round = 0; round < options.repetitions; ++round) {
     for (Contender& contender : contenders) {
       void* workspace = contender.workspace ? contender.workspace->data() : nullptr;
       const std::vector<float> times = time_plan(*graph, handle, pack, workspace, contender.index,
                                                  Timing{round == 0 ? options.warmup : 0, 1, &flush});
-      CUDNN_CACHE_REQUIRE(!times.empty(), "cuDNN graph API: ", to_string(contender.choice->config),
+      CUDNN_CACHE_REQUIRE(!times.empty(), "cuDNN graph API: ", to_string(*contender.config),
                           " failed to run while auditing ", key);
       contender.times.push_back(times.front());
     }
   }
-  for (Contender& contender : contenders) {
-    contender.choice->time_ms = median(contender.times);
-    contender.choice->config.time_ms = contender.choice->time_ms;
+  for (auto [choice, at] : {std::pair{&audit.stored, stored_at}, std::pair{&audit.heuristic, heuristic_at},
+                            std::pair{&audit.benchmark, benchmark_at}}) {
+    choice->time_ms = median(contenders[at].times);
+    choice->config.time_ms = choice->time_ms;
   }
+  audit.stored_again_ms = median(contenders[again_at].times);
   return audit;
 }
 

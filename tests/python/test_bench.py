@@ -311,15 +311,20 @@ def test_tuning_arguments_are_typed_and_passed_to_each_case():
 
 
 def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
-    def row(stored, heuristic, benchmark, key):
+    def row(stored, heuristic, benchmark, key, again=None):
         return {"direction": "forward", "key": key, "stored_ms": stored, "heuristic_ms": heuristic,
                 "benchmark_ms": benchmark, "stored_engine": "engine 1", "heuristic_engine": "engine 2",
-                "benchmark_engine": "engine 3"}
+                "benchmark_engine": "engine 3", "stored_again_ms": stored if again is None else again}
 
     rows = [row(1.0, 1.0, 1.0, "tie"), row(1.01, 1.0, 2.0, "within noise"), row(1.5, 1.0, 1.2, "slower"),
             row(0.5, 1.0, 1.0, "faster")]
     summary = bench.summarize_audit(rows)
     assert summary["keys"] == 4 and summary["slower_than_native"] == 1 and summary["faster_than_native"] == 1
+    assert summary["resolution_us"] == 0.0
+    # A tiny key 10% slower by 0.002 ms, where the audit timed a config 0.003 ms apart from itself: a tie.
+    resolved = bench.summarize_audit(rows[:1] + [row(0.022, 0.020, 0.021, "tiny"), row(0.05, 0.05, 0.05, "self", 0.053)])
+    assert resolved["resolution_us"] == pytest.approx(3.0) and resolved["slower_than_native"] == 0
+    assert bench.summarize_audit(rows + [row(0.05, 0.05, 0.05, "self", 0.053)])["slower_than_native"] == 1
     assert summary["worst_ratio"] == pytest.approx(1.5) and summary["worst_key"] == "forward slower"
     assert summary["geomean_vs_heuristic"] == pytest.approx((1.0 * 1.01 * 1.5 * 0.5) ** 0.25)
     assert summary["stored_total_ms"] == pytest.approx(4.01)
@@ -328,7 +333,8 @@ def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
     summary["seconds"] = 3.0
     case = {"workload": "seed", "mode": "cache_cold", "audit": summary}
     lines = bench.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
-    assert "## Per-key audit" in lines and any(bench.workload_label("seed") in line and "| 4 | 1 | 1 |" in line for line in lines)
+    assert "## Per-key audit" in lines and any(bench.workload_label("seed") in line and "| 4 | 0.0 us | 1 | 1 |" in line
+                                               for line in lines)
     assert bench.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
 
 

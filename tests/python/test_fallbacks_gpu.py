@@ -126,7 +126,10 @@ def refuse_legacy(section):
     for name, algorithm in (("legacy_forward", FORWARD_ALGO_DIRECT),
                             ("legacy_backward_filter", BACKWARD_FILTER_ALGO_WINOGRAD)):
         for entry in section[name]:
-            best(entry)["algorithm"] = algorithm
+            first = best(entry)
+            candidates = entry["ranking"]["candidates"]  # cudnnFind listed the algorithm as failed: drop that
+            candidates[:] = [c for c in candidates if c is first or c["algorithm"] != algorithm]
+            first["algorithm"] = algorithm
     return 2
 
 
@@ -138,7 +141,10 @@ def starve_graph(section):
     assert candidate["workspace_bytes"] >= STARVED, (
         f"no timed engine config needs {STARVED} bytes of workspace (largest: {candidate['workspace_bytes']}), so "
         "the memory cap cannot starve one; pick a larger convolution in CHILD")
+    candidates = entry["ranking"]["candidates"]  # a file's rankings are in rank order: move it to the front
+    candidates.remove(candidate)
     candidate["time_ms"] = 0.0
+    candidates.insert(0, candidate)
     return 1
 
 

@@ -287,6 +287,9 @@ def test_audit_times_every_entry_against_the_native_choices():
         assert row["stored_engine"] == stored[0]["engine"]
         for choice in ("stored", "heuristic", "benchmark"):
             assert row[f"{choice}_ms"] > 0 and row[f"{choice}_engine"].startswith("engine ")
+            if row[f"{choice}_engine"] == row["stored_engine"]:  # the same config is timed once
+                assert row[f"{choice}_ms"] == row["stored_ms"]
+        assert row["stored_again_ms"] > 0
     assert cudnn_cache.audit(device=0) is not None
     with pytest.raises(RuntimeError, match="device 99 does not exist"):
         cudnn_cache.audit(device=99)

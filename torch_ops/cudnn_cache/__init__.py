@@ -164,7 +164,9 @@ def audit(device: Optional[int] = None) -> List[Dict[str, Any]]:
     native PyTorch would run for it, all measured the same way (warmed up, L2 flushed, interleaved rounds, the
     median of `repetitions`), on random operands. One dict per entry: direction, key, and for 'stored' (the
     cache's choice), 'heuristic' (cudnn.benchmark=False) and 'benchmark' (cudnn.benchmark=True, PyTorch's
-    single timing) the engine config (`*_engine`) and its time (`*_ms`)."""
+    single timing) the engine config (`*_engine`) and its time (`*_ms`); a native pick that is the stored
+    config shares its time. 'stored_again_ms' times the stored config once more, in the same rounds: the gap
+    between the two is how finely the audit resolves this key."""
     return [dict(row) for row in _ops.audit(device)]
 
 

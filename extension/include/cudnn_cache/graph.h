@@ -11,6 +11,11 @@
 // (Graph::create_execution_plan), and it only means something for the cuDNN release and GPU it was found on,
 // which is why rankings live under an Origin.
 //
+// A config is stored as the knob types cudnn-frontend names. Older engines, such as the TF32 NHWC implicit
+// GEMM PyTorch runs for ResNet-50's fp32 7x7 stem, also carry knobs of types cuDNN has deprecated (LDGA, LDGC,
+// KBLOCK, USE_TEX, ...), which cudnn-frontend can neither report nor set: such a heuristic config cannot be
+// replayed. The search times it without those knobs instead (cuDNN then chooses them), which is replayable.
+//
 // Candidates, in the order they are timed (GraphSearchOptions bounds each step):
 //   1. heuristics mode A, then the fallback list, after the filters PyTorch applies too: no down-converting
 //      inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
@@ -24,10 +29,10 @@
 //      setting; this bounded local search finds the tile or split a shape prefers. Runtime-compiled engines
 //      are skipped: every variant would be another compilation;
 //   4. the fastest `finalists` so far and heuristics' first pick (the config native benchmark=False runs),
-//      timed again together in `repetitions` interleaved rounds; their medians decide, and they rank before
-//      the rest. Many configs lie within a few per cent of each other, and the fastest of a dozen medians
-//      taken one after another is the luckiest as often as the best: a paired second measurement removes
-//      that bias, the way audit_engine_choice measures.
+//      timed again together in `repetitions` interleaved rounds, and their medians replace the first ones.
+//      Many configs lie within a few per cent of each other, and the fastest of a dozen medians taken one
+//      after another is the luckiest as often as the best: a paired second measurement removes that bias,
+//      the way audit_engine_choice measures. The rest keep their first medians, which were slower.
 //
 // Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs,
 // then the median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing
@@ -114,15 +119,20 @@ struct ChoiceAudit {
   struct Choice {
     EngineCandidate config;  // its time_ms is the audit's
     float time_ms = 0.0f;
+    bool replayable = true;  // false: the plan has knobs `config` leaves out (describe_plan), so it is not it
   };
   Choice stored;     // the cache's choice
   Choice heuristic;  // native cudnn.benchmark=False: the first config in heuristic order that runs
   Choice benchmark;  // native cudnn.benchmark=True: the fastest of benchmark_limit configs timed once each
+  // The stored config timed a second time, as a contender of its own: how far apart the audit measures one
+  // config and itself, i.e. its resolution for this key. A native pick that is the stored config shares the
+  // stored one's time instead: the same config is the same kernel.
+  float stored_again_ms = 0.0f;
 };
 
 // Finds the configs PyTorch's two modes would pick for the key (PyTorch's own lists, filters and single
-// timing), then times them and `stored` the same way, interleaved in `options.repetitions` rounds, each run
-// after an L2 flush (options.flush_l2), and keeps each one's median (Note [Engine configs]). The
+// timing), then times them and `stored` (twice) the same way, interleaved in `options.repetitions` rounds, each
+// run after an L2 flush (options.flush_l2), and keeps each one's median (Note [Engine configs]). The
 // direction's output buffer is overwritten. Throws Error if the stored config does not build or nothing runs.
 ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                 const WorkspaceAllocator& allocate, const EngineCandidate& stored,

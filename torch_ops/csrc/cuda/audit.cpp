@@ -21,14 +21,16 @@ c10::Dict<std::string, c10::IValue> row(const ConvolutionKey& key, const ChoiceA
   entry.insert("key", detail::concat(key));
   for (const auto& [name, choice] : {std::pair{"stored", &audit.stored}, std::pair{"heuristic", &audit.heuristic},
                                      std::pair{"benchmark", &audit.benchmark}}) {
-    entry.insert(std::string(name) + "_engine", to_string(choice->config));
+    entry.insert(std::string(name) + "_engine",
+                 to_string(choice->config) + (choice->replayable ? "" : " + knobs cudnn-frontend cannot name"));
     entry.insert(std::string(name) + "_ms", static_cast<double>(choice->time_ms));
   }
+  entry.insert("stored_again_ms", static_cast<double>(audit.stored_again_ms));
   return entry;
 }
 
 // One row per graph-API entry of the device: direction, key, and for stored, heuristic and benchmark the
-// engine config and its median time in ms.
+// engine config and its median time in ms; and stored_again_ms, the stored config's second timing.
 c10::List<c10::Dict<std::string, c10::IValue>> audit(const std::optional<std::int64_t>& device_index) {
   const int device = cuda_device("audit", device_index, "entries are timed on a GPU");
   const c10::cuda::CUDAGuard guard(device);
