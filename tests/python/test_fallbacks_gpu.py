@@ -23,8 +23,8 @@ ops = torch.ops.cudnn_cache
 # cudnn_cache_tool's JSON names a section per backend and direction.
 GRAPH_SECTIONS = ("graph_forward", "graph_backward_data", "graph_backward_filter")
 LEGACY_SECTIONS = ("legacy_forward", "legacy_backward_data", "legacy_backward_filter")
-# Legacy algorithms cuDNN lists but implements for no problem, so running them is always NOT_SUPPORTED.
-FORWARD_ALGO_DIRECT, BACKWARD_FILTER_ALGO_WINOGRAD = 2, 4
+# cuDNN 9's NOT_SUPPORTED and its sub-codes (CUDNN_STATUS_NOT_SUPPORTED_*): 3000-3999.
+NOT_SUPPORTED = range(3000, 4000)
 ITERATIONS = 2
 # Memory left under the cap of the graph backend's out-of-memory case: room for one training step's new
 # tensors (the clones of x and w, y and both gradients: 78 MiB in PyTorch's 2 MiB-rounded segments), none for
@@ -123,14 +123,22 @@ def refuse_graph(section):
 
 
 def refuse_legacy(section):
-    for name, algorithm in (("legacy_forward", FORWARD_ALGO_DIRECT),
-                            ("legacy_backward_filter", BACKWARD_FILTER_ALGO_WINOGRAD)):
+    """Gives each entry's best candidate an algorithm that cudnnFind reported NOT_SUPPORTED for its key (kept in
+    the ranking as a failed candidate, which goes), such as the forward DIRECT algorithm cuDNN lists but never
+    runs; returns how many entries it edited."""
+    edited = 0
+    for name in LEGACY_SECTIONS:
         for entry in section[name]:
+            candidates = entry["ranking"]["candidates"]
+            refused = [c for c in candidates if c["status"] in NOT_SUPPORTED]
+            if not refused:
+                continue
             first = best(entry)
-            candidates = entry["ranking"]["candidates"]  # cudnnFind listed the algorithm as failed: drop that
-            candidates[:] = [c for c in candidates if c is first or c["algorithm"] != algorithm]
-            first["algorithm"] = algorithm
-    return 2
+            candidates.remove(refused[0])
+            first["algorithm"] = refused[0]["algorithm"]
+            edited += 1
+    assert edited > 0, "cudnnFind reported no algorithm NOT_SUPPORTED for any key: nothing to edit in"
+    return edited
 
 
 def starve_graph(section):
@@ -142,9 +150,12 @@ def starve_graph(section):
         f"no timed engine config needs {STARVED} bytes of workspace (largest: {candidate['workspace_bytes']}), so "
         "the memory cap cannot starve one; pick a larger convolution in CHILD")
     candidates = entry["ranking"]["candidates"]  # a file's rankings are in rank order: move it to the front
+    version = candidates[0].pop("cereal_class_version", None)  # cereal writes it with the first element only
     candidates.remove(candidate)
     candidate["time_ms"] = 0.0
     candidates.insert(0, candidate)
+    if version is not None:
+        candidate["cereal_class_version"] = version
     return 1
 
 
