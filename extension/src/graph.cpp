@@ -239,8 +239,8 @@ std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, b
     return std::nullopt;
   }
   // get_engine_and_knobs_at_index maps every unnamed type to NOT_SET, so one key stands for all of them.
-  if (complete) *complete = knobs.erase(fe::KnobType_t::NOT_SET) == 0;
-  knobs.erase(fe::KnobType_t::NOT_SET);
+  const bool named = knobs.erase(fe::KnobType_t::NOT_SET) == 0;
+  if (complete) *complete = named;
   if (knobs.size() > kMaxKnobs) return std::nullopt;
   for (const auto& [type, value] : knobs) {
     config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
