@@ -18,6 +18,12 @@ using cudnn_cache::testing::error_of;
 
 namespace {
 
+// `json` with its first `from` replaced by `to`; the test fails if `from` is not in it.
+std::string replaced(std::string json, const std::string& from, const std::string& to) {
+  const std::size_t at = json.find(from);
+  REQUIRE(at != std::string::npos);
+  return json.replace(at, from.size(), to);
+}
 
 // Every kind of content: synthetic entries of both APIs, a legacy and a graph entry by hand, a stored plan.
 Checkpoint sample() {
@@ -56,47 +62,37 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
     reason = "not a valid cudnn_cache JSON export";
   }
   SECTION("a newer format") {
-    text = json;
-    text.replace(text.find("\"format_version\": 3"), 19, "\"format_version\": 9");
+    text = replaced(json, "\"format_version\": 3", "\"format_version\": 9");
     reason = "format_version 9";
   }
   SECTION("a knob list that does not match its count") {
-    text = json;
-    text.replace(text.find("\"knob_count\": 2"), 15, "\"knob_count\": 1");
+    text = replaced(json, "\"knob_count\": 2", "\"knob_count\": 1");
     reason = "knobs where knob_count is 1";
   }
   SECTION("a negative time") {
-    text = json;
-    text.replace(text.find("\"time_ms\": 0.25"), 15, "\"time_ms\": -0.25");
+    text = replaced(json, "\"time_ms\": 0.25", "\"time_ms\": -0.25");
     reason = "time -0.25";
   }
   // What deserialize refuses must be refused here too, or an import makes a file that cannot be saved.
   SECTION("graph-API entries in format 1") {
-    text = json;
-    text.replace(text.find("\"format_version\": 3"), 19, "\"format_version\": 1");
+    text = replaced(json, "\"format_version\": 3", "\"format_version\": 1");
     reason = "format_version 1 cannot hold graph-API entries";
   }
   SECTION("stored plans in format 2") {
-    text = json;
-    text.replace(text.find("\"format_version\": 3"), 19, "\"format_version\": 2");
+    text = replaced(json, "\"format_version\": 3", "\"format_version\": 2");
     reason = "format_version 2 cannot hold stored plans";
   }
   SECTION("a device name longer than a file may hold") {
-    text = json;
-    const std::string name = "\"cudnn_cache synthetic GPU\"";
-    text.replace(text.find(name), name.size(), "\"" + std::string(300, 'x') + "\"");
+    text = replaced(json, "\"cudnn_cache synthetic GPU\"", "\"" + std::string(300, 'x') + "\"");
     reason = "device name of 300 bytes";
   }
   // rapidjson's full-precision parser read out of bounds on this number (the fuzzer); the ASan run shows it does not.
   SECTION("a number with a zero significand and an exponent") {
-    text = json;
-    text.replace(text.find("\"format_version\": 3"), 19, "\"format_version\": 0E190");
+    text = replaced(json, "\"format_version\": 3", "\"format_version\": 0E190");
     reason = "not a valid cudnn_cache JSON export";
   }
   SECTION("a device name with a control character") {
-    text = json;
-    const std::string name = "\"cudnn_cache synthetic GPU\"";
-    text.replace(text.find(name), name.size(), "\"GPU\\u0001\"");
+    text = replaced(json, "\"cudnn_cache synthetic GPU\"", "\"GPU\\u0001\"");
     reason = "device name that is not printable ASCII";
   }
   CAPTURE(reason);
