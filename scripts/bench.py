@@ -295,20 +295,20 @@ def summarize_audit(rows: List[dict]) -> dict:
     summary = {"keys": len(rows), "rows": rows}
     if not rows:
         return summary
-    ratios = [row["stored_ms"] / min(row["heuristic_ms"], row["benchmark_ms"]) for row in rows]
+    native = [min(row["heuristic_ms"], row["benchmark_ms"]) for row in rows]
+    ratios = [row["stored_ms"] / best for row, best in zip(rows, native)]
     worst = max(range(len(rows)), key=ratios.__getitem__)
     resolution_ms = max((abs(row["stored_ms"] - row["stored_again_ms"]) for row in rows if "stored_again_ms" in row),
                         default=0.0)
-
-    def slower(row, ratio):
-        return ratio > AUDIT_NOISE and row["stored_ms"] - min(row["heuristic_ms"], row["benchmark_ms"]) > resolution_ms
+    slower = [ratio > AUDIT_NOISE and row["stored_ms"] - best > resolution_ms
+              for row, best, ratio in zip(rows, native, ratios)]
 
     def geomean(values):
         return math.exp(statistics.fmean(math.log(v) for v in values))
 
     summary.update(
         resolution_us=1e3 * resolution_ms,
-        slower_than_native=sum(slower(row, ratio) for row, ratio in zip(rows, ratios)),
+        slower_than_native=sum(slower),
         faster_than_native=sum(r < 1 / AUDIT_NOISE for r in ratios),
         geomean_vs_heuristic=geomean([r["stored_ms"] / r["heuristic_ms"] for r in rows]),
         geomean_vs_benchmark=geomean([r["stored_ms"] / r["benchmark_ms"] for r in rows]),
