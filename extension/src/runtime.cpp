@@ -290,6 +290,7 @@ struct Counters {
   std::atomic<std::uint64_t>& misses;
   std::atomic<std::uint64_t>& tunes;
   std::atomic<std::uint64_t>& tune_us;
+  std::atomic<std::uint64_t>& capture_misses;
 };
 
 // Runs search() and counts it as a tune.
@@ -311,13 +312,34 @@ void log_tune(Runtime& runtime, const ConvolutionKey& key, const Ranking<Traits>
                                               " ms"));
 }
 
+// Whether the handle's stream is capturing a CUDA graph. A stream that cannot tell (the legacy default
+// stream while another captures) counts as capturing.
+bool capturing(cudnnHandle_t handle) {
+  cudaStream_t stream = nullptr;
+  CUDNN_CACHE_CHECK(cudnnGetStream(handle, &stream));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clears it for whoever checks next
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Throws an Error saying `what` cannot run while the handle's stream captures a CUDA graph.
+void require_not_capturing(cudnnHandle_t handle, const ConvolutionKey& key) {
+  CUDNN_CACHE_REQUIRE(!capturing(handle), "cannot tune ", key, " while its stream is capturing a CUDA graph: ",
+                      "timing synchronises the stream, which ends the capture. Tune before capturing");
+}
+
 // The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
 // (tune), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
-// Under the record policy the miss is also remembered, as a miss of `origin`'s cache of `backend`.
+// Under the record policy the miss is also remembered, as a miss of `origin`'s cache of `backend`. A miss
+// under the tune policy while the stream captures a CUDA graph is a record miss, counted in
+// counters.capture_misses: nothing may be timed during a capture (Note [Running a cached convolution]).
 template <typename Traits, typename Search>
-std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const ConvolutionKey& key, MissPolicy policy,
-                                      Counters counters, const char* kind, const Origin& origin, Backend backend,
-                                      Search&& search) {
+std::optional<Ranking<Traits>> lookup(cudnnHandle_t handle, PerfCache<Traits>& cache, const ConvolutionKey& key,
+                                      MissPolicy policy, Counters counters, const char* kind, const Origin& origin,
+                                      Backend backend, Search&& search) {
   Runtime& runtime = counters.runtime;
   std::optional<Ranking<Traits>> ranking = cache.find(key);
   if (ranking) {
@@ -329,8 +351,15 @@ std::optional<Ranking<Traits>> lookup(PerfCache<Traits>& cache, const Convolutio
     return ranking;
   }
   ++counters.misses;
+  const bool deferred = policy == MissPolicy::tune && capturing(handle);
+  if (deferred) {
+    ++counters.capture_misses;
+    policy = MissPolicy::record;
+  }
   if (runtime.logs(LogLevel::debug)) {
-    runtime.log(LogLevel::debug, detail::concat("miss (policy '", to_string(policy), "'): no ", kind, " for ", key));
+    runtime.log(LogLevel::debug, detail::concat("miss (policy '", to_string(policy), "'",
+                                                deferred ? ", in CUDA-graph capture: tuned outside it" : "",
+                                                "): no ", kind, " for ", key));
   }
   // An entry measured on another GPU or with another cuDNN is never used (Note [Selection, merge and fallback
   // policy]), but a call that finds one is told so and counted.
@@ -481,12 +510,13 @@ Stats Runtime::stats() const {
           plans_->plans_built.load(),
           plans_->build_us.load(),
           plans_->plans_deserialized.load(),
-          plans_->plan_rebuilds.load()};
+          plans_->plan_rebuilds.load(),
+          capture_misses_.load()};
 }
 
 void Runtime::reset_stats() {
   for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
-                        &plans_->plans_deserialized, &plans_->plan_rebuilds}) {
+                        &plans_->plans_deserialized, &plans_->plan_rebuilds, &capture_misses_}) {
     *counter = 0;
   }
 }
@@ -560,7 +590,8 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
   const std::optional<Ranking<Traits>> ranking =
-      lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "algorithm",
+      lookup(handle, cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_, capture_misses_},
+             "algorithm",
              origin_of_device(device), Backend::legacy,
              [&] { return search<Traits>(handle, descriptors, key, buffers, allocate); });
   Candidates<Traits> heuristic;
@@ -582,9 +613,10 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
 template <typename Traits>
 Ranking<Traits> Runtime::tune(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                               const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  require_not_capturing(handle, key);
   PerfCache<Traits>& cache = caches_for_device(device).get<Traits>();
   const ConvolutionDescriptors descriptors(key);
-  const Ranking<Traits> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_}, [&] {
+  const Ranking<Traits> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_, capture_misses_}, [&] {
     return search<Traits>(handle, descriptors, key, buffers, allocate);
   });
   log_tune(*this, key, ranking, "algorithm");
@@ -600,7 +632,8 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
   DirectionCaches& caches = caches_for_device(device);
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
   const std::optional<Ranking<GraphTraits<D>>> ranking =
-      lookup(cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_}, "engine config",
+      lookup(handle, cache, key, miss_policy(), {*this, hits_, misses_, tunes_, tune_us_, capture_misses_},
+             "engine config",
              origin_of_device(device), Backend::graph, [&] {
                return search_graph<D>(handle, device, key, buffers, allocate, search_options(), *plans_,
                                       caches.plans);
@@ -645,9 +678,10 @@ void Runtime::run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& 
 template <Direction D>
 Ranking<GraphTraits<D>> Runtime::tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                                             const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate) {
+  require_not_capturing(handle, key);
   DirectionCaches& caches = caches_for_device(device);
   PerfCache<GraphTraits<D>>& cache = caches.get<GraphTraits<D>>();
-  const Ranking<GraphTraits<D>> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_}, [&] {
+  const Ranking<GraphTraits<D>> ranking = timed_search({*this, hits_, misses_, tunes_, tune_us_, capture_misses_}, [&] {
     return search_graph<D>(handle, device, key, buffers, allocate, search_options(), *plans_, caches.plans);
   });
   log_tune(*this, key, ranking, "engine config");

@@ -68,7 +68,7 @@ std::vector<std::int64_t> conv_key(const std::string& direction, const at::Tenso
                                    std::int64_t groups, bool transposed, at::IntArrayRef output_padding) {
   const Direction chosen = direction_from_string(direction);
   const char* op = "conv_key";
-  check_tensors(op, input, weight, std::nullopt);
+  check_tensors(op, input, weight);
   const ConvolutionParams params = check_params(op, input, weight, stride, padding, dilation, groups, transposed);
   // Stand-ins with the sizes and strides the kernels give cuDNN, without touching any data.
   const at::MemoryFormat format = convolution_memory_format(input, weight);
@@ -194,6 +194,7 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("plan_build_us", static_cast<std::int64_t>(s.plan_build_us));
   result.insert("plans_deserialized", static_cast<std::int64_t>(s.plans_deserialized));
   result.insert("plan_rebuilds", static_cast<std::int64_t>(s.plan_rebuilds));
+  result.insert("capture_misses", static_cast<std::int64_t>(s.capture_misses));
   result.insert("entries", size());
   return result;
 }

@@ -16,6 +16,11 @@
 //     backend) as a recorded miss, so that it can be tuned later, elsewhere or by another rank
 //     (cudnn_cache.distributed.sync; Note [Sharing tuning between processes]). A key carries every size,
 //     stride, data type and convolution parameter, so it is enough to re-create the tensors to time it on.
+// A miss under the tune policy while the call's stream is capturing a CUDA graph is run as a record miss:
+// timing would synchronise the stream and end the capture, so cuDNN's heuristic choice is captured, the key is
+// recorded (stats().capture_misses counts it), and the next call of the key outside a capture tunes it. A
+// captured graph keeps the heuristic choice it captured; capture again after that to replay the tuned one.
+// Tuning explicitly (tune(), tune_graph()) during a capture throws an Error.
 // A call that cannot run its best cached candidate (out of memory for the workspace, NOT_SUPPORTED, ...)
 // counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do. So
 // does a miss whose key the cache holds for another origin only (a file tuned on another GPU, or with
@@ -94,6 +99,8 @@ struct Stats {
   std::uint64_t plan_build_us = 0;  // time spent building them, in microseconds
   std::uint64_t plans_deserialized = 0;  // plans restored from a stored plan instead (Note [Stored plans])
   std::uint64_t plan_rebuilds = 0;       // stored plans this process could not load, so built from the config
+  std::uint64_t capture_misses = 0;      // misses under the tune policy while capturing a CUDA graph: run on
+                                         // heuristics and recorded, tuned by the next call outside a capture
 };
 
 // What Runtime::prepare did.
@@ -240,7 +247,7 @@ class Runtime {
   GraphSearchOptions search_options_;  // guarded by mutex_
   std::atomic<LogLevel> log_level_{LogLevel::off};
   std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
-  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0};
+  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0};
   std::atomic<bool> warned_{false};
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;

@@ -1,0 +1,184 @@
+// The public convolution ops, written once for every backend as composites (CompositeImplicitAutograd): they
+// take unbatched input as torch.nn does, decide whether the cache runs the call (Note [Which convolutions the
+// cache runs]), and express a taken call with the three cached ops, which interception runs too.
+
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include "convolution.h"
+#include "problem.h"
+#include "routing.h"
+
+namespace cudnn_cache::torch_ops {
+
+at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, at::IntArrayRef size,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                       std::int64_t groups) {
+  switch (op) {
+    case Direction::forward: return call_forward(a, b, stride, padding, dilation, groups);
+    case Direction::backward_data: return call_backward_input(a, b, size, stride, padding, dilation, groups);
+    case Direction::backward_filter: return call_backward_weight(a, b, size, stride, padding, dilation, groups);
+  }
+  TORCH_CHECK(false, "cudnn_cache: unknown direction ", static_cast<int>(op));
+}
+
+std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tensor& a, const at::Tensor& b,
+                                                   const at::Tensor& grad, at::IntArrayRef stride,
+                                                   at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                   std::int64_t groups, std::array<bool, 2> needed) {
+  // Native PyTorch hands cuDNN grad_output in the forward's memory format; so do we, and the keys of the
+  // three directions agree on the layout.
+  const at::Tensor g = grad.contiguous(convolution_memory_format(a, b));
+  const auto call = [&](Direction direction, const at::Tensor& first, const at::Tensor& second,
+                        at::IntArrayRef size) {
+    return call_cached(direction, first, second, size, stride, padding, dilation, groups);
+  };
+  at::Tensor grad_a, grad_b;
+  switch (op) {
+    case Direction::forward:  // y = forward(x, w)
+      if (needed[0]) grad_a = call(Direction::backward_data, g, b, a.sizes());
+      if (needed[1]) grad_b = call(Direction::backward_filter, g, a, b.sizes());
+      break;
+    case Direction::backward_data:  // dx = backward_input(dy, w)
+      if (needed[0]) grad_a = call(Direction::forward, g, b, {});
+      if (needed[1]) grad_b = call(Direction::backward_filter, a, g, b.sizes());
+      break;
+    case Direction::backward_filter:  // dw = backward_weight(dy, x)
+      if (needed[0]) grad_a = call(Direction::forward, b, g, {});
+      if (needed[1]) grad_b = call(Direction::backward_data, a, g, b.sizes());
+      break;
+  }
+  return {grad_a, grad_b};
+}
+
+at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                              at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding,
+                              std::int64_t groups) {
+  const char* op = transposed ? "convolution_transpose" : "convolution";
+  at::Tensor output;
+  if (transposed) {  // the backward-data of the convolution from its output to its input
+    check_tensors(op, input, weight);
+    const ConvolutionParams params = check_params(op, input, weight, stride, padding, dilation, groups, true);
+    const auto extra = per_spatial_dim(op, "output_padding", output_padding, params.stride.size());
+    output = call_backward_input(input, weight, transposed_output_size(input.sizes(), weight.sizes(), params, extra),
+                                 params.stride, params.padding, params.dilation, groups);
+  } else {
+    output = call_forward(input, weight, stride, padding, dilation, groups);
+  }
+  check_bias(op, output, bias);
+  add_bias(output, bias);
+  return output;
+}
+
+namespace {
+
+// The convolution as torch.nn.functional.conv*d and conv_transpose*d run it: what a call the cache does not
+// take runs, with PyTorch's checks, kernels and autograd.
+at::Tensor native_convolution(const at::Tensor& input, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                              at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding,
+                              std::int64_t groups) {
+  switch (weight.dim()) {
+    case 3:
+      return transposed ? at::conv_transpose1d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+                        : at::conv1d(input, weight, bias, stride, padding, dilation, groups);
+    case 4:
+      return transposed ? at::conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+                        : at::conv2d(input, weight, bias, stride, padding, dilation, groups);
+    case 5:
+      return transposed ? at::conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+                        : at::conv3d(input, weight, bias, stride, padding, dilation, groups);
+    default:  // PyTorch's error
+      return at::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+  }
+}
+
+// The public ops: cudnn_cache.functional.conv*d, conv_transpose*d and the converted modules call them. Input
+// (C, *spatial) is unbatched, a batch of one, as torch.nn takes it.
+at::Tensor convolution_any(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                           bool transposed, at::IntArrayRef output_padding, std::int64_t groups) {
+  const bool unbatched = input.dim() + 1 == weight.dim();
+  const at::Tensor batched = unbatched ? input.unsqueeze(0) : input;
+  if (batched.dim() != weight.dim() ||
+      !runs_through_cache(batched, weight, stride, padding, dilation, transposed, output_padding, groups)) {
+    return native_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+  }
+  at::Tensor output =
+      cached_convolution(batched, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
+  return unbatched ? output.squeeze(0) : output;
+}
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                       std::int64_t groups) {
+  static constexpr std::int64_t kNoOutputPadding = 0;
+  return convolution_any(input, weight, bias, stride, padding, dilation, false, kNoOutputPadding, groups);
+}
+
+at::Tensor convolution_transpose(const at::Tensor& input, const at::Tensor& weight,
+                                 const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                 at::IntArrayRef padding, at::IntArrayRef output_padding, at::IntArrayRef dilation,
+                                 std::int64_t groups) {
+  return convolution_any(input, weight, bias, stride, padding, dilation, true, output_padding, groups);
+}
+
+// Under torch.autocast PyTorch runs convolutions in the autocast dtype (float16 or bfloat16; double stays
+// double), and so do the public ops: their tensors are cast as ATen's autocast casts conv2d's, then the op runs
+// again below autocast.
+template <c10::DeviceType Device>
+at::Tensor convolution_any_autocast(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                                    at::IntArrayRef output_padding, std::int64_t groups) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(Device));
+  const at::ScalarType type = at::autocast::get_lower_precision_fp_from_device_type(Device);
+  const auto cast = [&](const auto& tensor) { return at::autocast::cached_cast(type, tensor, Device); };
+  if (transposed) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("cudnn_cache::convolution_transpose", "")
+                               .typed<decltype(convolution_transpose)>();
+    return op.call(cast(input), cast(weight), cast(bias), stride, padding, output_padding, dilation, groups);
+  }
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_cache::convolution", "").typed<decltype(convolution)>();
+  return op.call(cast(input), cast(weight), cast(bias), stride, padding, dilation, groups);
+}
+
+template <c10::DeviceType Device>
+at::Tensor convolution_autocast(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                                at::IntArrayRef dilation, std::int64_t groups) {
+  static constexpr std::int64_t kNoOutputPadding = 0;
+  return convolution_any_autocast<Device>(input, weight, bias, stride, padding, dilation, false, kNoOutputPadding,
+                                          groups);
+}
+
+template <c10::DeviceType Device>
+at::Tensor convolution_transpose_autocast(const at::Tensor& input, const at::Tensor& weight,
+                                          const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                          at::IntArrayRef padding, at::IntArrayRef output_padding,
+                                          at::IntArrayRef dilation, std::int64_t groups) {
+  return convolution_any_autocast<Device>(input, weight, bias, stride, padding, dilation, true, output_padding,
+                                          groups);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
+  m.impl("convolution", &convolution);
+  m.impl("convolution_transpose", &convolution_transpose);
+}
+
+TORCH_LIBRARY_IMPL(cudnn_cache, AutocastCUDA, m) {
+  m.impl("convolution", &convolution_autocast<c10::DeviceType::CUDA>);
+  m.impl("convolution_transpose", &convolution_transpose_autocast<c10::DeviceType::CUDA>);
+}
+
+TORCH_LIBRARY_IMPL(cudnn_cache, AutocastCPU, m) {
+  m.impl("convolution", &convolution_autocast<c10::DeviceType::CPU>);
+  m.impl("convolution_transpose", &convolution_transpose_autocast<c10::DeviceType::CPU>);
+}
+
+}  // namespace cudnn_cache::torch_ops
