@@ -31,69 +31,128 @@ def meta(*sizes):
 
 # --- Tensors: dtypes, shapes, channels, groups, ranks, devices (CPU and meta) -----------------------------------
 
-TENSOR_CASES = [
-    # Wrong dtypes.
-    pytest.param(lambda: conv(X.long(), W.long()), r"input has dtype Long.*Convert with \.to\(torch\.float32\)",
-                 id="dtype_int64"),
-    pytest.param(lambda: conv(X.to(torch.complex64), W.to(torch.complex64)), r"input has dtype ComplexFloat.*Convert",
-                 id="dtype_complex"),
-    pytest.param(lambda: conv(X.bool(), W.bool()), r"input has dtype Bool.*Convert", id="dtype_bool"),
-    pytest.param(lambda: conv(X.to(torch.uint8), W.to(torch.uint8)), r"input has dtype Byte.*Convert",
-                 id="dtype_uint8"),
-    pytest.param(lambda: conv(X, W.double()), r"input is Float but weight is Double; convert one with \.to\(dtype\)",
-                 id="dtype_mismatch"),
-    pytest.param(lambda: conv(X, W, bias=torch.randn(6, dtype=torch.float64)),
-                 r"bias must match input's device and dtype", id="bias_dtype"),
-    pytest.param(lambda: conv(X, W, bias=torch.randn(6, 1)), r"bias must be 1-D", id="bias_rank"),
+def native_conv(x=X, w=W, bias=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    """What torch.nn.functional runs for conv's arguments."""
+    functional = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}.get(w.dim())
+    if functional is None:
+        return torch.convolution(x, w, bias, list(stride), list(padding), list(dilation), False, [0], groups)
+    return functional(x, w, bias, list(stride), list(padding), list(dilation), groups)
+
+
+def transpose(x, w, stride=(1,), padding=(0,), output_padding=(0,)):
+    return ops.convolution_transpose(x, w, None, list(stride), list(padding), list(output_padding), [1], 1)
+
+
+def native_transpose(x, w, stride=(1,), padding=(0,), output_padding=(0,)):
+    return F.conv_transpose2d(x, w, None, list(stride), list(padding), list(output_padding), 1, [1])
+
+
+# Bad tensors and arguments of the public ops. The cache takes only calls PyTorch itself would run with cuDNN
+# (Note [Which convolutions the cache runs]), so PyTorch's own checks come first: each case raises what
+# torch.nn.functional raises for it, of the same type (its message names the input), and a call PyTorch accepts
+# gives PyTorch's result. Each case is a function of the convolution to call.
+NATIVE_CASES = [
+    # Dtypes: PyTorch computes int64 and complex convolutions on the CPU, and refuses bool.
+    pytest.param(lambda c: c(X.long(), W.long()), id="dtype_int64"),
+    pytest.param(lambda c: c(X.to(torch.complex64), W.to(torch.complex64)), id="dtype_complex"),
+    pytest.param(lambda c: c(X.bool(), W.bool()), id="dtype_bool"),
+    pytest.param(lambda c: c(X.to(torch.uint8), W.to(torch.uint8)), id="dtype_uint8"),
+    pytest.param(lambda c: c(X, W.double()), id="dtype_mismatch"),
+    pytest.param(lambda c: c(X, W, bias=torch.randn(6, dtype=torch.float64)), id="bias_dtype"),
+    pytest.param(lambda c: c(X, W, bias=torch.randn(6, 1)), id="bias_rank"),
     # Mismatched shapes, channels and groups.
-    pytest.param(lambda: conv(X, torch.randn(6, 3, 3, 3)), r"input has 4 channels.*check in_channels and groups",
-                 id="channels"),
-    pytest.param(lambda: conv(X, W, groups=2), r"expects 8; check in_channels and groups", id="groups_mismatch"),
-    pytest.param(lambda: conv(X, torch.randn(5, 2, 3, 3), groups=2), r"weight's first dimension \(5\) must be "
-                 r"divisible by groups \(2\)", id="groups_divisibility"),
-    pytest.param(lambda: conv(groups=0), r"groups must be >= 1, got 0", id="groups_zero"),
-    pytest.param(lambda: conv(groups=-2), r"groups must be >= 1, got -2", id="groups_negative"),
-    pytest.param(lambda: conv(X, torch.randn(6, 4, 3)), r"weight must have as many dimensions as input \(4\)",
-                 id="weight_rank"),
-    pytest.param(lambda: conv(torch.randn(4, 8), torch.randn(6, 4)), r"got 2-D.*add a batch dimension",
-                 id="input_2d"),
-    pytest.param(lambda: conv(torch.randn(1, 1, 2, 2, 2, 2), torch.randn(1, 1, 1, 1, 1, 1)), r"got 6-D",
-                 id="input_6d"),
-    pytest.param(lambda: conv(X, torch.randn(6, 4, 9, 9)), r"kernel \(9 wide with dilation\) is larger than the "
-                 r"padded input \(8\).*use a smaller kernel", id="kernel_too_large"),
-    pytest.param(lambda: conv(stride=(1, 1, 1)), r"stride has 3 values but the input has 2 spatial dimensions; "
-                 r"give 1 or 2 values", id="stride_count"),
-    pytest.param(lambda: conv(stride=(0,)), r"stride must be >= 1", id="stride_zero"),
-    pytest.param(lambda: conv(padding=(-1,)), r"padding must be >= 0", id="padding_negative"),
-    pytest.param(lambda: conv(dilation=(0,)), r"dilation must be >= 1", id="dilation_zero"),
-    # Empty tensors that cannot be a convolution.
-    pytest.param(lambda: conv(X, torch.randn(0, 4, 3, 3)), r"weight of sizes \[0, 4, 3, 3\] is empty",
-                 id="no_output_channels"),
-    pytest.param(lambda: conv(torch.randn(2, 0, 8, 8), torch.randn(6, 0, 3, 3)), r"weight of sizes \[6, 0, 3, 3\] "
-                 r"is empty", id="no_input_channels"),
-    pytest.param(lambda: conv(torch.randn(2, 4, 0, 8), W), r"kernel \(3 wide with dilation\) is larger than the "
-                 r"padded input \(0\)", id="empty_spatial"),
-    # Devices.
-    pytest.param(lambda: conv(X, meta(6, 4, 3, 3)), r"input is on cpu but weight is on meta; move both to one device",
-                 id="mixed_devices"),
+    pytest.param(lambda c: c(X, torch.randn(6, 3, 3, 3)), id="channels"),
+    pytest.param(lambda c: c(X, W, groups=2), id="groups_mismatch"),
+    pytest.param(lambda c: c(X, torch.randn(5, 2, 3, 3), groups=2), id="groups_divisibility"),
+    pytest.param(lambda c: c(groups=0), id="groups_zero"),
+    pytest.param(lambda c: c(groups=-2), id="groups_negative"),
+    pytest.param(lambda c: c(X, torch.randn(6, 4, 3)), id="weight_rank"),
+    pytest.param(lambda c: c(torch.randn(4, 8), torch.randn(6, 4)), id="input_2d"),
+    pytest.param(lambda c: c(torch.randn(1, 1, 2, 2, 2, 2), torch.randn(1, 1, 1, 1, 1, 1)), id="input_6d"),
+    pytest.param(lambda c: c(X, torch.randn(6, 4, 9, 9)), id="kernel_too_large"),
+    pytest.param(lambda c: c(stride=(1, 1, 1)), id="stride_count"),
+    pytest.param(lambda c: c(stride=(0,)), id="stride_zero"),
+    pytest.param(lambda c: c(padding=(-1,)), id="padding_negative"),
+    pytest.param(lambda c: c(dilation=(0,)), id="dilation_zero"),
+    # Empty tensors: no output channels is an error, no input channels a result.
+    pytest.param(lambda c: c(X, torch.randn(0, 4, 3, 3)), id="no_output_channels"),
+    pytest.param(lambda c: c(torch.randn(2, 0, 8, 8), torch.randn(6, 0, 3, 3)), id="no_input_channels"),
+    pytest.param(lambda c: c(torch.randn(2, 4, 0, 8), W), id="empty_spatial"),
+    # Devices: PyTorch computes with a meta weight, to a result of no values (so only its shape is compared).
+    pytest.param(lambda c: c(X, meta(6, 4, 3, 3)).shape, id="mixed_devices"),
+]
+
+TRANSPOSED_CASES = [
+    pytest.param(lambda c: c(X, torch.randn(3, 6, 3, 3)), id="transpose_channels"),
+    pytest.param(lambda c: c(X, torch.randn(4, 6, 3, 3), stride=(2,), output_padding=(2,)),
+                 id="transpose_output_padding"),
+    pytest.param(lambda c: c(X, torch.randn(4, 6, 3, 3), padding=(5,)), id="transpose_empty_output"),
+]
+
+
+def outcome(call):
+    """('raised', exception type) or ('ran', result)."""
+    try:
+        return "ran", call()
+    except Exception as error:  # noqa: BLE001 - compared with native's outcome
+        return "raised", error
+
+
+def assert_same_outcome(ours, native):
+    assert ours[0] == native[0], f"cudnn_cache {ours[0]} {ours[1]!r}, native {native[0]} {native[1]!r}"
+    if ours[0] == "raised":
+        assert isinstance(ours[1], type(native[1])), f"cudnn_cache raised {ours[1]!r}, native {native[1]!r}"
+    elif isinstance(native[1], torch.Tensor):
+        assert ours[1].shape == native[1].shape and ours[1].device == native[1].device
+        torch.testing.assert_close(ours[1], native[1], rtol=1e-5, atol=1e-5)
+    else:
+        assert ours[1] == native[1]
+
+
+@pytest.mark.parametrize("call", NATIVE_CASES)
+def test_bad_tensors_raise_what_pytorch_raises(call):
+    assert_same_outcome(outcome(lambda: call(conv)), outcome(lambda: call(native_conv)))
+
+
+@pytest.mark.parametrize("call", TRANSPOSED_CASES)
+def test_bad_transposed_arguments_raise_what_pytorch_raises(call):
+    assert_same_outcome(outcome(lambda: call(transpose)), outcome(lambda: call(native_transpose)))
+
+
+# The cached ops themselves (_convolution_forward and the backward ops) take batched, checked tensors of the
+# cuDNN dtypes only; their errors name the input and the fix.
+TENSOR_CASES = [
+    pytest.param(lambda: ops._convolution_forward(X.long(), W.long(), [1], [0], [1], 1),
+                 r"input has dtype Long.*Convert with \.to\(torch\.float32\)", id="forward_dtype_int64"),
+    pytest.param(lambda: ops._convolution_forward(X, torch.randn(6, 3, 3, 3), [1], [0], [1], 1),
+                 r"input has 4 channels.*check in_channels and groups", id="forward_channels"),
+    pytest.param(lambda: ops._convolution_forward(X, torch.randn(5, 2, 3, 3), [1], [0], [1], 2),
+                 r"weight's first dimension \(5\) must be divisible by groups \(2\)", id="forward_groups"),
+    pytest.param(lambda: ops._convolution_forward(torch.randn(4, 8), torch.randn(6, 4), [1], [0], [1], 1),
+                 r"weight must be 3-D, 4-D or 5-D", id="forward_2d"),
+    pytest.param(lambda: ops._convolution_forward(X, W, [1, 1, 1], [0], [1], 1),
+                 r"stride has 3 values but the input has 2 spatial dimensions; give 1 or 2 values",
+                 id="forward_stride_count"),
+    pytest.param(lambda: ops._convolution_forward(X, W, [1], [0], [0], 1), r"dilation must be >= 1",
+                 id="forward_dilation_zero"),
+    pytest.param(lambda: ops._convolution_forward(X, torch.randn(6, 4, 9, 9), [1], [0], [1], 1),
+                 r"kernel \(9 wide with dilation\) is larger than the padded input \(8\).*use a smaller kernel",
+                 id="forward_kernel_too_large"),
     pytest.param(lambda: cudnn_cache.fill(X, W, [1], [0], [1]), r"cudnn_cache.fill tunes on the GPU: pass CUDA "
                  r"tensors", id="fill_cpu"),
-    # Transposed convolutions.
-    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(3, 6, 3, 3), None, [1], [0], [0], [1], 1),
-                 r"input has 4 channels.*groups", id="transpose_channels"),
-    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(4, 6, 3, 3), None, [2], [0], [2], [1], 1),
-                 r"output_padding must be smaller than stride or dilation", id="transpose_output_padding"),
-    pytest.param(lambda: ops.convolution_transpose(X, torch.randn(4, 6, 3, 3), None, [1], [5], [0], [1], 1),
-                 r"output would be empty in spatial dimension 0; reduce padding", id="transpose_empty_output"),
+    pytest.param(lambda: cudnn_cache.conv_key("forward", X, torch.randn(4, 6, 3, 3), [2], [0], [1], transposed=True,
+                                              output_padding=[2]),
+                 r"output_padding \[2, 2\] is not smaller than stride \[2, 2\].*runs such a convolution with its own "
+                 r"kernels", id="key_output_padding_over_stride"),
     # The backward ops take sizes, not tensors: a wrong size list used to index past the weight's sizes.
     pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6), W, [2, 4, 8], [1], [0], [1], 1),
                  r"input_size has 3 values but grad_output has 4 dimensions", id="backward_input_size_rank"),
     pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6), torch.randn(6), [2, 4, 8, 8], [1],
                                                          [0], [1], 1),
-                 r"weight must have as many dimensions as input \(4\)", id="backward_input_weight_rank"),
+                 r"weight must be 3-D, 4-D or 5-D.*got sizes \[6\]", id="backward_input_weight_rank"),
     pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6), torch.randn(6, 4), [2, 4], [1], [0], [1],
                                                          1),
-                 r"input must be 3-D.*got 2-D", id="backward_input_2d"),
+                 r"weight must be 3-D, 4-D or 5-D.*got sizes \[6, 4\]", id="backward_input_2d"),
     pytest.param(lambda: ops._convolution_backward_weight(torch.randn(2, 6, 6, 6), X, [6, 4, -3, 3], [1], [0], [1], 1),
                  r"weight_size \[6, 4, -3, 3\] has a negative size", id="backward_weight_negative_size"),
     pytest.param(lambda: ops._convolution_backward_weight(torch.randn(2, 6, 6, 6), X, [6, 4], [1], [0], [1], 1),
@@ -390,16 +449,20 @@ def test_tool_bad_arguments_exit_1_or_2_with_a_message(args, code, match, build_
 # --- CUDA tensors (need a GPU: "GPU: pending run" in docs/RELIABILITY.md) ----------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda c: c(X.cuda(), W), id="cuda_input_cpu_weight"),
+    pytest.param(lambda c: c(X.cuda(), W.cuda(), bias=torch.randn(6)), id="cuda_bias_on_cpu"),
+    pytest.param(lambda c: c(X.cuda().long(), W.cuda().long()), id="cuda_dtype_int64"),
+    pytest.param(lambda c: c(X.cuda(), W.cuda(), groups=2), id="cuda_groups"),
+])
+def test_bad_cuda_tensors_raise_what_pytorch_raises(call, cache_state):
+    assert_same_outcome(outcome(lambda: call(conv)), outcome(lambda: call(native_conv)))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("call, match", [
-    pytest.param(lambda: conv(X.cuda(), W), r"input is on cuda:0 but weight is on cpu; move both to one device",
-                 id="cuda_input_cpu_weight"),
-    pytest.param(lambda: conv(X.cuda(), W.cuda(), bias=torch.randn(6)), r"bias must match input's device",
-                 id="cuda_bias_on_cpu"),
-    pytest.param(lambda: conv(X.cuda().long(), W.cuda().long()), r"input has dtype Long.*Convert",
-                 id="cuda_dtype_int64"),
-    pytest.param(lambda: conv(X.cuda(), W.cuda(), groups=2), r"check in_channels and groups", id="cuda_groups"),
     pytest.param(lambda: cudnn_cache.fill(X.cuda(), W, [1, 1], [0, 0], [1, 1]), r"move both to one device",
-                     id="fill_mixed_devices"),
+                 id="fill_mixed_devices"),
     pytest.param(lambda: cudnn_cache.prepare(device=99), r"device 99 does not exist", id="prepare_missing_device"),
     pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6, device="cuda"), W.cuda(), [2, 4, 8],
                                                          [1], [0], [1], 1),
@@ -425,11 +488,13 @@ def test_cuda_empty_batch_gives_the_native_result_forward_and_backward(cache_sta
 
 
 @pytest.mark.gpu
-def test_cuda_sizes_beyond_int32_raise_an_error_naming_the_fix(cache_state):
-    x = torch.empty(2**15 + 1, 1, 256, 256, device="cuda", dtype=torch.float16)  # 2^31 + 2^16 elements, 4 GiB
+def test_cuda_sizes_beyond_int32_run_as_pytorch_runs_them(cache_state):
+    """PyTorch splits the batch of such a call for cuDNN; the cache, whose keys hold cuDNN's 32-bit descriptors
+    whole, hands it to PyTorch (Note [Which convolutions the cache runs])."""
+    x = torch.ones(2**15 + 1, 1, 256, 256, device="cuda", dtype=torch.float16)  # 2^31 + 2^16 elements, 4 GiB
     w = torch.randn(1, 1, 1, 1, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match=r"32-bit indexing allows; split the batch"):
-        conv(x, w)
+    assert torch.equal(conv(x, w), F.conv2d(x, w))
+    assert cudnn_cache.stats()["misses"] == cudnn_cache.stats()["hits"] == 0
 
 
 @pytest.mark.gpu

@@ -105,7 +105,7 @@ def test_a_cache_file_that_does_not_exist_yet_is_not_an_error(run_model, model_f
 @pytest.mark.parametrize("arguments, status, message", [
     pytest.param(["{missing}"], 1, "model file '{missing}' does not exist", id="missing_model"),
     pytest.param(["{model}", "--cache", "{garbage}"], 1, "'{garbage}' is not a cudnn_cache file", id="corrupt_cache"),
-    pytest.param(["{model}", "--input", "1,3"], 1, "got 2-D", id="input_rank"),
+    pytest.param(["{model}", "--input", "1,3"], 1, "input to conv2d, but got input of size: [1, 3]", id="input_rank"),
     pytest.param(["{model}", "--input", "1,x,8,8"], 2, "--input: '1,x,8,8' is not a list", id="input_syntax"),
     pytest.param(["{model}", "--device", "tpu"], 2, "--device must be cpu or cuda", id="device"),
     pytest.param(["{model}", "--frobnicate"], 2, "unknown option --frobnicate", id="option"),

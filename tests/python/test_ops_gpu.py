@@ -120,9 +120,13 @@ def test_channels_last_output_stays_channels_last():
     assert ops.convolution(x, w, None, [1], [1], [1], 1).is_contiguous(memory_format=torch.channels_last)
 
 
-def test_mismatched_devices_are_rejected():
-    with pytest.raises(RuntimeError, match="move both to one device"):
-        ops.convolution(randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3), None, [1], [1], [1], 1)
+def test_mismatched_devices_are_rejected_as_pytorch_rejects_them():
+    x, w = randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3)
+    with pytest.raises(RuntimeError) as native:
+        F.conv2d(x, w, None, 1, 1)
+    with pytest.raises(RuntimeError) as ours:
+        ops.convolution(x, w, None, [1], [1], [1], 1)
+    assert str(ours.value) == str(native.value)
 
 
 # --- Determinism -----------------------------------------------------------------------------------------------

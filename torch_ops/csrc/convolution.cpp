@@ -2,18 +2,18 @@
 // take unbatched input as torch.nn does, decide whether the cache runs the call (Note [Which convolutions the
 // cache runs]), and express a taken call with the three cached ops, which interception runs too.
 
+#include "convolution.h"
+
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
-#include "convolution.h"
 #include "problem.h"
 #include "routing.h"
 
 namespace cudnn_cache::torch_ops {
 
 at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, at::IntArrayRef size,
-                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                       std::int64_t groups) {
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
   switch (op) {
     case Direction::forward: return call_forward(a, b, stride, padding, dilation, groups);
     case Direction::backward_data: return call_backward_input(a, b, size, stride, padding, dilation, groups);
@@ -29,8 +29,7 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
   // Native PyTorch hands cuDNN grad_output in the forward's memory format; so do we, and the keys of the
   // three directions agree on the layout.
   const at::Tensor g = grad.contiguous(convolution_memory_format(a, b));
-  const auto call = [&](Direction direction, const at::Tensor& first, const at::Tensor& second,
-                        at::IntArrayRef size) {
+  const auto call = [&](Direction direction, const at::Tensor& first, const at::Tensor& second, at::IntArrayRef size) {
     return call_cached(direction, first, second, size, stride, padding, dilation, groups);
   };
   at::Tensor grad_a, grad_b;
@@ -51,10 +50,9 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
   return {grad_a, grad_b};
 }
 
-at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-                              at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding,
-                              std::int64_t groups) {
+at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                              bool transposed, at::IntArrayRef output_padding, std::int64_t groups) {
   const char* op = transposed ? "convolution_transpose" : "convolution";
   at::Tensor output;
   if (transposed) {  // the backward-data of the convolution from its output to its input
@@ -75,10 +73,9 @@ namespace {
 
 // The convolution as torch.nn.functional.conv*d and conv_transpose*d run it: what a call the cache does not
 // take runs, with PyTorch's checks, kernels and autograd.
-at::Tensor native_convolution(const at::Tensor& input, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-                              at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding,
-                              std::int64_t groups) {
+at::Tensor native_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                              bool transposed, at::IntArrayRef output_padding, std::int64_t groups) {
   switch (weight.dim()) {
     case 3:
       return transposed ? at::conv_transpose1d(input, weight, bias, stride, padding, output_padding, groups, dilation)
@@ -97,8 +94,8 @@ at::Tensor native_convolution(const at::Tensor& input, const at::Tensor& weight,
 // The public ops: cudnn_cache.functional.conv*d, conv_transpose*d and the converted modules call them. Input
 // (C, *spatial) is unbatched, a batch of one, as torch.nn takes it.
 at::Tensor convolution_any(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                           bool transposed, at::IntArrayRef output_padding, std::int64_t groups) {
+                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                           at::IntArrayRef output_padding, std::int64_t groups) {
   const bool unbatched = input.dim() + 1 == weight.dim();
   const at::Tensor batched = unbatched ? input.unsqueeze(0) : input;
   if (batched.dim() != weight.dim() ||
@@ -111,16 +108,14 @@ at::Tensor convolution_any(const at::Tensor& input, const at::Tensor& weight, co
 }
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                       std::int64_t groups) {
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
   static constexpr std::int64_t kNoOutputPadding = 0;
   return convolution_any(input, weight, bias, stride, padding, dilation, false, kNoOutputPadding, groups);
 }
 
 at::Tensor convolution_transpose(const at::Tensor& input, const at::Tensor& weight,
-                                 const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                 at::IntArrayRef padding, at::IntArrayRef output_padding, at::IntArrayRef dilation,
-                                 std::int64_t groups) {
+                                 const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                                 at::IntArrayRef output_padding, at::IntArrayRef dilation, std::int64_t groups) {
   return convolution_any(input, weight, bias, stride, padding, dilation, true, output_padding, groups);
 }
 
@@ -132,7 +127,8 @@ at::Tensor convolution_any_autocast(const at::Tensor& input, const at::Tensor& w
                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                     at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                                     at::IntArrayRef output_padding, std::int64_t groups) {
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(Device));
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(
+      at::autocast::get_autocast_dispatch_key_from_device_type(Device));
   const at::ScalarType type = at::autocast::get_lower_precision_fp_from_device_type(Device);
   const auto cast = [&](const auto& tensor) { return at::autocast::cached_cast(type, tensor, Device); };
   if (transposed) {
@@ -160,8 +156,7 @@ at::Tensor convolution_transpose_autocast(const at::Tensor& input, const at::Ten
                                           const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                           at::IntArrayRef padding, at::IntArrayRef output_padding,
                                           at::IntArrayRef dilation, std::int64_t groups) {
-  return convolution_any_autocast<Device>(input, weight, bias, stride, padding, dilation, true, output_padding,
-                                          groups);
+  return convolution_any_autocast<Device>(input, weight, bias, stride, padding, dilation, true, output_padding, groups);
 }
 
 }  // namespace

@@ -1,28 +1,63 @@
 #pragma once
 
-// The convolution ops' kernels, one set per dispatch key (cpu/, cuda/, meta/, autograd/), and typed calls of
-// the ops through the dispatcher for code that must not bypass it (autograd, composites).
+// The convolution ops. Two are public: cudnn_cache::convolution and convolution_transpose (with bias, batched
+// or not), composites that decide whether the cache runs the call (Note [Which convolutions the cache runs])
+// and express it with the three cached ops, one per cuDNN direction, which have kernels per dispatch key
+// (cpu/, cuda/, meta/, autograd/): _convolution_forward, _convolution_backward_input and
+// _convolution_backward_weight. These are typed calls of the cached ops through the dispatcher, for code that
+// must not bypass it (autograd, composites).
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <optional>
+#include <utility>
+
+#include "cudnn_cache/key.h"
 
 namespace cudnn_cache::torch_ops {
 
-// cudnn_cache::convolution, convolution_transpose and the backward ops, through the dispatcher.
-at::Tensor call_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                            std::int64_t groups);
-at::Tensor call_convolution_transpose(const at::Tensor& input, const at::Tensor& weight,
-                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                      at::IntArrayRef padding, at::IntArrayRef output_padding,
-                                      at::IntArrayRef dilation, std::int64_t groups);
+// y = conv(input, weight), no bias.
+at::Tensor call_forward(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups);
+// The gradient of conv(x, weight) with respect to x of sizes input_size, given grad_output.
 at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups);
+// The gradient of conv(input, w) with respect to w of sizes weight_size, given grad_output.
 at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                 std::int64_t groups);
+
+// The cached op of direction `op` on (a, b): forward(input, weight), backward_data(grad_output, weight, size)
+// or backward_filter(grad_output, input, size), where size is the result's.
+at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, at::IntArrayRef size,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups);
+
+// Note [Gradients of the cached ops]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each cached op is bilinear in its two tensors, and its gradient with respect to either is one of the three
+// cached ops again (g is the gradient of the op's result):
+//   y  = forward(x, w):          grad x = backward_data(g, w)     grad w = backward_filter(g, x)
+//   dx = backward_data(dy, w):   grad dy = forward(g, w)          grad w = backward_filter(dy, g)
+//   dw = backward_filter(dy, x): grad dy = forward(x, g)          grad x = backward_data(dy, g)
+// (the last two rows follow from <g, backward_data(dy, w)> = <forward(g, w), dy> and
+// <g, backward_filter(dy, x)> = <dy, forward(x, g)>). The ops' autograd (autograd/) and interception's
+// convolution_backward both compute gradients this way, through the dispatcher, where the ops have autograd
+// again: gradients of every order. A transposed convolution is backward_data, so it needs no row of its own.
+
+// The gradients of the cached op `op` applied to (a, b), given the gradient of its result; those `needed`.
+std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tensor& a, const at::Tensor& b,
+                                                   const at::Tensor& grad, at::IntArrayRef stride,
+                                                   at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                   std::int64_t groups, std::array<bool, 2> needed);
+
+// The convolution (transposed: the transposed convolution) of a batched input, bias added, through the cached
+// ops: what the public ops and interception run once the cache takes the call (Note [Which convolutions the
+// cache runs]).
+at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                              bool transposed, at::IntArrayRef output_padding, std::int64_t groups);
 
 // Adds bias (C) to output (N, C, *spatial) in place.
 void add_bias(at::Tensor& output, const std::optional<at::Tensor>& bias);

@@ -6,11 +6,15 @@
 #include "convolution.h"
 
 TORCH_LIBRARY(cudnn_cache, m) {
-  // Convolutions. Argument names follow ATen; backward ops have a leading underscore.
+  // Convolutions. Argument names follow ATen; backward ops have a leading underscore. The first two are what
+  // models call (batched or unbatched input); the other three are the cached ops they are made of, one per
+  // cuDNN direction (convolution.h).
   m.def("convolution(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
         "int groups) -> Tensor");
   m.def("convolution_transpose(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
         "int[] output_padding, int[] dilation, int groups) -> Tensor");
+  m.def("_convolution_forward(Tensor input, Tensor weight, int[] stride, int[] padding, int[] dilation, "
+        "int groups) -> Tensor");
   m.def("_convolution_backward_input(Tensor grad_output, Tensor weight, int[] input_size, int[] stride, "
         "int[] padding, int[] dilation, int groups) -> Tensor");
   m.def("_convolution_backward_weight(Tensor grad_output, Tensor input, int[] weight_size, int[] stride, "
@@ -82,19 +86,10 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 }  // namespace
 
-at::Tensor call_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                            std::int64_t groups) {
-  static const auto handle = op<decltype(call_convolution)>("cudnn_cache::convolution");
-  return handle.call(input, weight, bias, stride, padding, dilation, groups);
-}
-
-at::Tensor call_convolution_transpose(const at::Tensor& input, const at::Tensor& weight,
-                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                      at::IntArrayRef padding, at::IntArrayRef output_padding,
-                                      at::IntArrayRef dilation, std::int64_t groups) {
-  static const auto handle = op<decltype(call_convolution_transpose)>("cudnn_cache::convolution_transpose");
-  return handle.call(input, weight, bias, stride, padding, output_padding, dilation, groups);
+at::Tensor call_forward(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+  static const auto handle = op<decltype(call_forward)>("cudnn_cache::_convolution_forward");
+  return handle.call(input, weight, stride, padding, dilation, groups);
 }
 
 at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,

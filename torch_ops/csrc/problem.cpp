@@ -30,11 +30,10 @@ void check_channels(const char* op, std::int64_t input_channels, at::IntArrayRef
 
 // The ranks every other check relies on: sizes are indexed by dimension after this.
 void check_ranks(const char* op, const at::Tensor& input, const at::Tensor& weight) {
-  TORCH_CHECK(input.dim() >= 3 && input.dim() <= 5, op, ": input must be 3-D (N, C, L), 4-D (N, C, H, W) or 5-D ",
-              "(N, C, D, H, W), got ", input.dim(), "-D with sizes ", input.sizes(),
-              "; add a batch dimension with input.unsqueeze(0)");
-  TORCH_CHECK(weight.dim() == input.dim(), op, ": weight must have as many dimensions as input (", input.dim(),
-              "), got sizes ", weight.sizes());
+  TORCH_CHECK(weight.dim() >= 3 && weight.dim() <= 5, op, ": weight must be 3-D, 4-D or 5-D (out_channels, ",
+              "in_channels / groups, *kernel) for a 1-D, 2-D or 3-D convolution, got sizes ", weight.sizes());
+  TORCH_CHECK(input.dim() == weight.dim(), op, ": the input of a ", weight.dim() - 2, "-D convolution must be ",
+              weight.dim(), "-D (N, C, *spatial), got ", input.dim(), "-D with sizes ", input.sizes());
 }
 
 }  // namespace
@@ -48,20 +47,22 @@ void check_sizes(const char* op, const char* name, at::IntArrayRef sizes, const 
   }
 }
 
-void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                   const std::optional<at::Tensor>& bias) {
+void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight) {
   check_ranks(op, input, weight);
   TORCH_CHECK(input.device() == weight.device(), op, ": input is on ", input.device(), " but weight is on ",
               weight.device(), "; move both to one device");
   TORCH_CHECK(input.scalar_type() == weight.scalar_type(), op, ": input is ", input.scalar_type(), " but weight is ",
               weight.scalar_type(), "; convert one with .to(dtype)");
   cudnn_data_type(input.scalar_type(), "input");
-  if (bias && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1, op, ": bias must be 1-D, got sizes ", bias->sizes());
-    TORCH_CHECK(bias->device() == input.device() && bias->scalar_type() == input.scalar_type(), op,
-                ": bias must match input's device and dtype (", input.device(), ", ", input.scalar_type(), "), got ",
-                bias->device(), ", ", bias->scalar_type());
-  }
+}
+
+void check_bias(const char* op, const at::Tensor& output, const std::optional<at::Tensor>& bias) {
+  if (!bias || !bias->defined()) return;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == output.size(1), op, ": bias must be 1-D with one value per ",
+              "output channel (", output.size(1), "), got sizes ", bias->sizes());
+  TORCH_CHECK(bias->device() == output.device() && bias->scalar_type() == output.scalar_type(), op,
+              ": bias must match input's device and dtype (", output.device(), ", ", output.scalar_type(), "), got ",
+              bias->device(), ", ", bias->scalar_type());
 }
 
 ConvolutionParams check_params(const char* op, const at::Tensor& input, const at::Tensor& weight,
@@ -84,29 +85,29 @@ ConvolutionParams check_params(const char* op, const at::Tensor& input, const at
 
 std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
                                                   const ConvolutionParams& params) {
-  std::vector<std::int64_t> size{input_size[0], weight_size[0]};
+  std::vector<std::int64_t> size = output_size<std::int64_t>(input_size, weight_size, params, false, {});
   for (std::size_t d = 2; d < input_size.size(); ++d) {
     const auto s = d - 2;
-    const std::int64_t span = params.dilation[s] * (weight_size[d] - 1) + 1;
-    const std::int64_t padded = input_size[d] + 2 * params.padding[s];
-    TORCH_CHECK(padded >= span, "convolution: the kernel (", span, " wide with dilation) is larger than the padded ",
-                "input (", padded, ") in spatial dimension ", s, "; use a smaller kernel or dilation, or more padding");
-    size.push_back((padded - span) / params.stride[s] + 1);
+    TORCH_CHECK(size[d] >= 1, "convolution: the kernel (", params.dilation[s] * (weight_size[d] - 1) + 1,
+                " wide with dilation) is larger than the padded input (", input_size[d] + 2 * params.padding[s],
+                ") in spatial dimension ", s, "; use a smaller kernel or dilation, or more padding");
   }
   return size;
 }
 
 std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
                                                  const ConvolutionParams& params, at::IntArrayRef output_padding) {
-  std::vector<std::int64_t> size{input_size[0], weight_size[1] * params.groups};
+  for (std::size_t s = 0; s + 2 < input_size.size(); ++s) {
+    TORCH_CHECK(output_padding[s] >= 0 && output_padding[s] < params.stride[s],
+                "convolution_transpose: output_padding ", output_padding, " is not smaller than stride ",
+                at::IntArrayRef(params.stride), ". PyTorch allows that while it is smaller than dilation, and runs ",
+                "such a convolution with its own kernels, not cuDNN's, so it has no cuDNN key and nothing to tune; ",
+                "call the convolution itself (cudnn_cache.functional.conv_transpose*d, a converted module) and ",
+                "it runs natively");
+  }
+  std::vector<std::int64_t> size = output_size<std::int64_t>(input_size, weight_size, params, true, output_padding);
   for (std::size_t d = 2; d < input_size.size(); ++d) {
-    const auto s = d - 2;
-    TORCH_CHECK(output_padding[s] >= 0 &&
-                    (output_padding[s] < params.stride[s] || output_padding[s] < params.dilation[s]),
-                "convolution_transpose: output_padding must be smaller than stride or dilation, got ", output_padding);
-    size.push_back((input_size[d] - 1) * params.stride[s] - 2 * params.padding[s] +
-                   params.dilation[s] * (weight_size[d] - 1) + output_padding[s] + 1);
-    TORCH_CHECK(size.back() >= 1, "convolution_transpose: the output would be empty in spatial dimension ", s,
+    TORCH_CHECK(size[d] >= 1, "convolution_transpose: the output would be empty in spatial dimension ", d - 2,
                 "; reduce padding");
   }
   return size;

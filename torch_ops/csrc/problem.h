@@ -47,10 +47,32 @@ std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::
 void check_sizes(const char* op, const char* name, at::IntArrayRef sizes, const at::Tensor& grad_output);
 
 // Checks the tensors of a convolution: same device and dtype, a supported dtype, matching ranks.
-void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                   const std::optional<at::Tensor>& bias);
+void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight);
 
-// The output sizes of a convolution (transposed: of a transposed convolution, with its output padding).
+// Checks a bias for `output` (N, C, *spatial): C values, on its device, of its dtype.
+void check_bias(const char* op, const at::Tensor& output, const std::optional<at::Tensor>& bias);
+
+// The output sizes of a convolution (transposed: of a transposed convolution, with its output padding), a
+// spatial size below 1 where there would be no output; unchecked. Size is std::int64_t, or c10::SymInt for
+// the symbolic shapes torch.compile traces with.
+template <typename Size>
+std::vector<Size> output_size(c10::ArrayRef<Size> input_size, c10::ArrayRef<Size> weight_size,
+                              const ConvolutionParams& params, bool transposed, at::IntArrayRef output_padding) {
+  std::vector<Size> size{input_size[0], transposed ? weight_size[1] * params.groups : weight_size[0]};
+  for (std::size_t d = 2; d < input_size.size(); ++d) {
+    const auto s = d - 2;
+    const Size span = (weight_size[d] - 1) * params.dilation[s] + 1;
+    if (transposed) {
+      size.push_back((input_size[d] - 1) * params.stride[s] - 2 * params.padding[s] + span + output_padding[s]);
+    } else {
+      const Size room = input_size[d] + 2 * params.padding[s] - span;
+      size.push_back(room < 0 ? Size(0) : room / params.stride[s] + 1);
+    }
+  }
+  return size;
+}
+
+// The same, checked: every failure says what to change.
 std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
                                                   const ConvolutionParams& params);
 std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,

@@ -1,4 +1,5 @@
-"""Cached convolutions with the signatures of torch.nn.functional.conv* and conv_transpose*."""
+"""Cached convolutions with the signatures of torch.nn.functional.conv* and conv_transpose*: batched (N, C,
+*spatial) or unbatched (C, *spatial) input, as torch.nn.functional takes."""
 
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -9,11 +10,11 @@ from torch import Tensor
 IntOrSequence = Union[int, Sequence[int]]
 
 
-def _expand(value: IntOrSequence, spatial_dims: int, name: str) -> List[int]:
-    values = [value] * spatial_dims if isinstance(value, int) else list(value)
-    if len(values) != spatial_dims:
-        raise ValueError(f"{name} must be an int or {spatial_dims} ints, got {value!r}")
-    return [int(v) for v in values]
+def _expand(value: IntOrSequence, spatial_dims: int) -> List[int]:
+    """`value` as a list of ints; a single value (an int, or a sequence of one) is repeated for every spatial
+    dimension, as PyTorch does. Any other length is passed on, for the op to reject, naming the argument."""
+    values = [int(value)] if isinstance(value, int) else [int(v) for v in value]
+    return values * spatial_dims if len(values) == 1 else values
 
 
 def same_padding(kernel_size: Sequence[int], dilation: Sequence[int]) -> Tuple[List[int], List[int]]:
@@ -32,21 +33,22 @@ def same_padding(kernel_size: Sequence[int], dilation: Sequence[int]) -> Tuple[L
 def _convolution(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOrSequence,
                  padding: Union[str, IntOrSequence], dilation: IntOrSequence, groups: int) -> Tensor:
     spatial_dims = weight.dim() - 2
-    stride = _expand(stride, spatial_dims, "stride")
-    dilation = _expand(dilation, spatial_dims, "dilation")
+    stride = _expand(stride, spatial_dims)
+    dilation = _expand(dilation, spatial_dims)
+    # PyTorch raises RuntimeError for a bad padding string, so this does too.
     if isinstance(padding, str):
         if padding == "valid":
             padding = [0] * spatial_dims
         elif padding == "same":
             if any(s != 1 for s in stride):
-                raise ValueError("padding='same' is not supported for strided convolutions; pass explicit padding")
+                raise RuntimeError("padding='same' is not supported for strided convolutions; pass explicit padding")
             padding, extra = same_padding(weight.shape[2:], dilation)
             if any(extra):
                 input = F.pad(input, extra)
         else:
-            raise ValueError(f"padding must be 'valid', 'same' or ints, got {padding!r}")
-    padding = _expand(padding, spatial_dims, "padding")
-    return torch.ops.cudnn_cache.convolution(input, weight, bias, stride, padding, dilation, groups)
+            raise RuntimeError(f"padding must be 'valid', 'same' or ints, got {padding!r}")
+    return torch.ops.cudnn_cache.convolution(input, weight, bias, stride, _expand(padding, spatial_dims), dilation,
+                                             groups)
 
 
 def conv1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
@@ -72,8 +74,8 @@ def _convolution_transpose(input: Tensor, weight: Tensor, bias: Optional[Tensor]
                            dilation: IntOrSequence) -> Tensor:
     spatial_dims = weight.dim() - 2
     return torch.ops.cudnn_cache.convolution_transpose(
-        input, weight, bias, _expand(stride, spatial_dims, "stride"), _expand(padding, spatial_dims, "padding"),
-        _expand(output_padding, spatial_dims, "output_padding"), _expand(dilation, spatial_dims, "dilation"), groups)
+        input, weight, bias, _expand(stride, spatial_dims), _expand(padding, spatial_dims),
+        _expand(output_padding, spatial_dims), _expand(dilation, spatial_dims), groups)
 
 
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,

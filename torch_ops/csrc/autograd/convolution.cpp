@@ -1,175 +1,112 @@
-// Autograd in C++, on the Autograd key, so TorchScript models (from Python or LibTorch) train without Python.
-
-#include <torch/autograd.h>
-#include <torch/library.h>
+// Autograd of the three cached ops, in C++ on the Autograd key, so TorchScript models (from Python or LibTorch)
+// train without Python. One backward Node serves the three (Note [Gradients of the cached ops]); it calls the
+// ops again, so gradients of every order work. Forward-mode AD is the bilinear rule, applied here.
+//
+// The kernel is written as ATen's generated autograd kernels are (a Node of its own, saved variables, the
+// result's history set by hand), not as a torch::autograd::Function: torch.func's transforms (grad, vjp, vmap
+// of a backward) refuse C++ Functions, and treat a kernel like this one as they treat aten's.
 
 #include "../convolution.h"
-#include "../problem.h"
+
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/library.h>
 
 namespace cudnn_cache::torch_ops {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::tensor_list;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
 
-// Keeps what backward needs of the integer arguments, as one list (one saved_data entry, not five: this runs
-// on every training call): the spatial rank n, then n strides, n paddings, n dilations, groups and has_bias.
-void save_params(AutogradContext* ctx, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                 std::int64_t groups, bool has_bias) {
-  std::vector<std::int64_t> packed;
-  packed.reserve(3 + 3 * stride.size());
-  packed.push_back(static_cast<std::int64_t>(stride.size()));
-  packed.insert(packed.end(), stride.begin(), stride.end());
-  packed.insert(packed.end(), padding.begin(), padding.end());
-  packed.insert(packed.end(), dilation.begin(), dilation.end());
-  packed.push_back(groups);
-  packed.push_back(has_bias);
-  ctx->saved_data["params"] = std::move(packed);
-}
+// Forward AD in PyTorch has one level, 0 (torch.autograd.forward_ad and torch.func.jvp alike).
+constexpr std::uint64_t kForwardLevel = 0;
 
-struct SavedParams {
+// The backward of `result = op(a, b)`: the gradients of a and b, by Note [Gradients of the cached ops].
+struct CachedConvolutionBackward : public torch::autograd::Node {
+  Direction op = Direction::forward;
   std::vector<std::int64_t> stride, padding, dilation;
-  std::int64_t groups;
-  bool has_bias;
+  std::int64_t groups = 1;
+  SavedVariable a, b;
 
-  explicit SavedParams(AutogradContext* ctx) {
-    const std::vector<std::int64_t> packed = ctx->saved_data["params"].toIntVector();
-    const auto n = static_cast<std::ptrdiff_t>(packed[0]);
-    const auto begin = packed.begin() + 1;
-    stride.assign(begin, begin + n);
-    padding.assign(begin + n, begin + 2 * n);
-    dilation.assign(begin + 2 * n, begin + 3 * n);
-    groups = packed[1 + 3 * n];
-    has_bias = packed[2 + 3 * n] != 0;
+  std::string name() const override { return "CachedConvolutionBackward"; }
+
+  void release_variables() override {
+    a.reset_data();
+    b.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    auto [grad_a, grad_b] = cached_gradients(op, a.unpack(), b.unpack(), grads[0], stride, padding, dilation, groups,
+                                             {task_should_compute_output(0), task_should_compute_output(1)});
+    return {grad_a, grad_b};
   }
 };
 
-// Whether the call records a graph for backward. Without one (inference, torch.no_grad) the autograd
-// Function is skipped: it would make a node and save tensors no one uses, on every call.
-bool records_gradient(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  return at::GradMode::is_enabled() &&
-         (input.requires_grad() || weight.requires_grad() || (bias && bias->defined() && bias->requires_grad()));
+// The Autograd kernel of the cached op `op` on (a, b).
+at::Tensor cached_autograd(Direction op, const at::Tensor& a, const at::Tensor& b, at::IntArrayRef size,
+                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                           std::int64_t groups) {
+  std::shared_ptr<CachedConvolutionBackward> node;
+  if (torch::autograd::compute_requires_grad(a, b)) {
+    node = std::shared_ptr<CachedConvolutionBackward>(new CachedConvolutionBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(a, b));
+    node->op = op;
+    node->stride = stride.vec();
+    node->padding = padding.vec();
+    node->dilation = dilation.vec();
+    node->groups = groups;
+    node->a = SavedVariable(a, false);
+    node->b = SavedVariable(b, false);
+  }
+  at::Tensor result;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    result = call_cached(op, a, b, size, stride, padding, dilation, groups);
+  }
+  if (node) torch::autograd::set_history(result, node);
+  const at::Tensor& tangent_a = a._fw_grad(kForwardLevel);
+  const at::Tensor& tangent_b = b._fw_grad(kForwardLevel);
+  if (tangent_a.defined() || tangent_b.defined()) {  // op is bilinear: its tangent is op(da, b) + op(a, db)
+    at::Tensor tangent;
+    if (tangent_a.defined()) {
+      tangent = call_cached(op, tangent_a, b._fw_primal(kForwardLevel), size, stride, padding, dilation, groups);
+    }
+    if (tangent_b.defined()) {
+      at::Tensor term =
+          call_cached(op, a._fw_primal(kForwardLevel), tangent_b, size, stride, padding, dilation, groups);
+      tangent = tangent.defined() ? tangent + term : term;
+    }
+    result._set_fw_grad(tangent, kForwardLevel, /*is_inplace_op=*/false);
+  }
+  return result;
 }
 
-// What both backward passes start from: the saved tensors and arguments, and grad_output in the forward's
-// layout, so cuDNN sees one layout in every direction and the three keys agree on it.
-struct Backward {
-  Backward(AutogradContext* ctx, const tensor_list& grads)
-      : saved(ctx->get_saved_variables()),
-        input(saved[0]),
-        weight(saved[1]),
-        params(ctx),
-        grad(grads[0].contiguous(convolution_memory_format(input, weight))) {}
-
-  torch::autograd::variable_list saved;
-  const at::Tensor& input;
-  const at::Tensor& weight;
-  SavedParams params;
-  at::Tensor grad;
-};
-
-// The bias gradient: grad_output summed over every dimension but the channels.
-at::Tensor bias_gradient(const at::Tensor& grad_output) {
-  std::vector<std::int64_t> dims{0};
-  for (std::int64_t d = 2; d < grad_output.dim(); ++d) dims.push_back(d);
-  return grad_output.sum(dims);
+at::Tensor forward_autograd(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                            at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+  return cached_autograd(Direction::forward, input, weight, {}, stride, padding, dilation, groups);
 }
 
-class Convolution : public torch::autograd::Function<Convolution> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-                            at::IntArrayRef dilation, std::int64_t groups) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    ctx->save_for_backward({input, weight});
-    save_params(ctx, stride, padding, dilation, groups, bias && bias->defined());
-    return call_convolution(input, weight, bias, stride, padding, dilation, groups);
-  }
-
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const Backward b(ctx, grads);
-    const SavedParams& p = b.params;
-    at::Tensor grad_input, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) {
-      grad_input = call_backward_input(b.grad, b.weight, b.input.sizes(), p.stride, p.padding, p.dilation, p.groups);
-    }
-    if (ctx->needs_input_grad(1)) {
-      grad_weight =
-          call_backward_weight(b.grad, b.input, b.weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
-    }
-    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(b.grad);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-// y = convolution_transpose(x, w) is dx of the convolution y -> x, so its gradients are that convolution's
-// forward (for x) and its backward-filter with the roles of input and grad_output swapped (for w).
-class ConvolutionTranspose : public torch::autograd::Function<ConvolutionTranspose> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-                            at::IntArrayRef output_padding, at::IntArrayRef dilation, std::int64_t groups) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    ctx->save_for_backward({input, weight});
-    save_params(ctx, stride, padding, dilation, groups, bias && bias->defined());
-    return call_transpose(input, weight, bias, stride, padding, output_padding, dilation, groups);
-  }
-
-  static at::Tensor call_transpose(const at::Tensor& input, const at::Tensor& weight,
-                                   const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                   at::IntArrayRef padding, at::IntArrayRef output_padding, at::IntArrayRef dilation,
+at::Tensor backward_input_autograd(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
+                                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                    std::int64_t groups) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("cudnn_cache::convolution_transpose", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                                 at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
-                                                 std::int64_t)>();
-    return op.call(input, weight, bias, stride, padding, output_padding, dilation, groups);
-  }
-
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const Backward b(ctx, grads);
-    const SavedParams& p = b.params;
-    at::Tensor grad_input, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) {
-      grad_input = call_convolution(b.grad, b.weight, std::nullopt, p.stride, p.padding, p.dilation, p.groups);
-    }
-    if (ctx->needs_input_grad(1)) {
-      grad_weight =
-          call_backward_weight(b.input, b.grad, b.weight.sizes(), p.stride, p.padding, p.dilation, p.groups);
-    }
-    if (p.has_bias && ctx->needs_input_grad(2)) grad_bias = bias_gradient(b.grad);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(),  at::Tensor()};
-  }
-};
-
-at::Tensor convolution_autograd(const at::Tensor& input, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-                                at::IntArrayRef dilation, std::int64_t groups) {
-  if (!records_gradient(input, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return call_convolution(input, weight, bias, stride, padding, dilation, groups);
-  }
-  return Convolution::apply(input, weight, bias, stride, padding, dilation, groups);
+  return cached_autograd(Direction::backward_data, grad_output, weight, input_size, stride, padding, dilation, groups);
 }
 
-at::Tensor convolution_transpose_autograd(const at::Tensor& input, const at::Tensor& weight,
-                                          const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                          at::IntArrayRef padding, at::IntArrayRef output_padding,
-                                          at::IntArrayRef dilation, std::int64_t groups) {
-  if (!records_gradient(input, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return ConvolutionTranspose::call_transpose(input, weight, bias, stride, padding, output_padding, dilation, groups);
-  }
-  return ConvolutionTranspose::apply(input, weight, bias, stride, padding, output_padding, dilation, groups);
+at::Tensor backward_weight_autograd(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
+                                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                    std::int64_t groups) {
+  return cached_autograd(Direction::backward_filter, grad_output, input, weight_size, stride, padding, dilation,
+                         groups);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, Autograd, m) {
-  m.impl("convolution", &convolution_autograd);
-  m.impl("convolution_transpose", &convolution_transpose_autograd);
+  m.impl("_convolution_forward", &forward_autograd);
+  m.impl("_convolution_backward_input", &backward_input_autograd);
+  m.impl("_convolution_backward_weight", &backward_weight_autograd);
 }
 
 }  // namespace cudnn_cache::torch_ops

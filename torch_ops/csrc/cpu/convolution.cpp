@@ -11,13 +11,13 @@ namespace {
 
 std::vector<std::int64_t> zeros(std::size_t count) { return std::vector<std::int64_t>(count, 0); }
 
-at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                           std::int64_t groups) {
-  check_tensors("convolution", input, weight, bias);
-  const ConvolutionParams params = check_params("convolution", input, weight, stride, padding, dilation, groups);
+at::Tensor forward_cpu(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+  check_tensors("_convolution_forward", input, weight);
+  const ConvolutionParams params =
+      check_params("_convolution_forward", input, weight, stride, padding, dilation, groups);
   convolution_output_size(input.sizes(), weight.sizes(), params);  // checks the kernel fits
-  return at::convolution(input, weight, bias, params.stride, params.padding, params.dilation, false,
+  return at::convolution(input, weight, std::nullopt, params.stride, params.padding, params.dilation, false,
                          zeros(params.stride.size()), groups)
       .contiguous(convolution_memory_format(input, weight));
 }
@@ -52,7 +52,7 @@ at::Tensor backward_weight_cpu(const at::Tensor& grad_output, const at::Tensor& 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CPU, m) {
-  m.impl("convolution", &convolution_cpu);
+  m.impl("_convolution_forward", &forward_cpu);
   m.impl("_convolution_backward_input", &backward_input_cpu);
   m.impl("_convolution_backward_weight", &backward_weight_cpu);
 }

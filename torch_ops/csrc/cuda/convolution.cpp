@@ -45,22 +45,22 @@ void check_grad_output(const char* op, const at::Tensor& x, const at::Tensor& w,
                        const ConvolutionParams& params) {
   const auto expected = convolution_output_size(x.sizes(), w.sizes(), params);
   TORCH_CHECK(dy.sizes() == at::IntArrayRef(expected), op, ": grad_output has sizes ", dy.sizes(),
-              " but the convolution of input sizes ", x.sizes(), " by weight sizes ", w.sizes(), " gives ", expected);
+              " but the convolution of input sizes ", x.sizes(), " by weight sizes ", w.sizes(), " gives sizes ",
+              at::IntArrayRef(expected));
 }
 
-at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                            std::int64_t groups) {
-  check_tensors("convolution", input, weight, bias);
-  check_cuda("convolution", input, weight);
-  const ConvolutionParams params = check_params("convolution", input, weight, stride, padding, dilation, groups);
+at::Tensor forward_cuda(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+  check_tensors("_convolution_forward", input, weight);
+  check_cuda("_convolution_forward", input, weight);
+  const ConvolutionParams params =
+      check_params("_convolution_forward", input, weight, stride, padding, dilation, groups);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::MemoryFormat format = convolution_memory_format(input, weight);
   const at::Tensor x = aligned(input, format);
   const at::Tensor w = aligned(weight, format);
   at::Tensor y = at::empty(convolution_output_size(x.sizes(), w.sizes(), params), x.options().memory_format(format));
   if (x.numel() > 0) run<Direction::forward>(make_problem(x, w, y, params, format), x, w, y);
-  add_bias(y, bias);
   return y;
 }
 
@@ -105,7 +105,7 @@ at::Tensor backward_weight_cuda(const at::Tensor& grad_output, const at::Tensor&
 std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups, bool transposed,
                        at::IntArrayRef output_padding) {
-  check_tensors("fill", input, weight, std::nullopt);
+  check_tensors("fill", input, weight);
   check_cuda("fill", input, weight);
   const ConvolutionParams params = check_params("fill", input, weight, stride, padding, dilation, groups, transposed);
   const c10::cuda::CUDAGuard guard(input.device());
@@ -183,7 +183,7 @@ std::int64_t tune_key(at::IntArrayRef words, const std::string& backend_name,
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) { m.impl("tune_key", &tune_key); }
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CUDA, m) {
-  m.impl("convolution", &convolution_cuda);
+  m.impl("_convolution_forward", &forward_cuda);
   m.impl("_convolution_backward_input", &backward_input_cuda);
   m.impl("_convolution_backward_weight", &backward_weight_cuda);
   m.impl("fill", &fill_cuda);

@@ -10,12 +10,13 @@
 // kernels. Because the dispatcher is below autograd, functionalization and Inductor, eager code and compiled
 // graphs both reach these kernels, and autograd keeps its native graph.
 //
-// A call is taken when cuDNN would serve it natively: CUDA tensors of float, half, bfloat16 or double, 1-D to
-// 3-D (3- to 5-dimensional tensors), not empty, with cuDNN enabled (torch.backends.cudnn.enabled). Everything
-// else (CPU tensors, complex or quantized dtypes, cuDNN disabled, empty batches) is handed to PyTorch's own
-// kernels, at::native::convolution and at::native::convolution_backward, unchanged. A taken call runs the
-// cudnn_cache ops (the same kernels cudnn_cache.convert() uses), so lookup, tuning, miss policy and fallback
-// are the cache's (Note [Running a cached convolution]).
+// A call is taken when PyTorch itself would run it with cuDNN (Note [Which convolutions the cache runs]);
+// everything else (CPU tensors never reach a CUDA kernel; complex dtypes, depthwise convolutions PyTorch gives
+// its own kernels, transposed convolutions with output_padding >= stride, cuDNN disabled, empty batches, ...)
+// is handed to PyTorch's own kernels, at::native::convolution and at::native::convolution_backward,
+// unchanged. A taken call runs the cached ops (cached_convolution and Note [Gradients of the cached ops], what
+// cudnn_cache.convert() uses too), so lookup, tuning, miss policy and fallback are the cache's
+// (Note [Running a cached convolution]).
 //
 // aten::convolution_backward has a CUDA kernel of PyTorch's already: registering ours overrides it (and
 // destroying the library restores it). The dispatcher warns about overrides; that one is expected, so it is
@@ -31,53 +32,35 @@
 #include <mutex>
 
 #include "../convolution.h"
+#include "../routing.h"
 
 namespace cudnn_cache::torch_ops {
 namespace {
 
-bool taken(const at::Tensor& input, const at::Tensor& weight) {
-  const at::ScalarType type = input.scalar_type();
-  return input.is_cuda() && weight.is_cuda() && input.layout() == at::kStrided && weight.layout() == at::kStrided &&
-         (type == at::kFloat || type == at::kHalf || type == at::kBFloat16 || type == at::kDouble) &&
-         weight.scalar_type() == type && input.dim() >= 3 && input.dim() <= 5 && weight.dim() == input.dim() &&
-         input.numel() > 0 && weight.numel() > 0 && at::globalContext().userEnabledCuDNN();
-}
-
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                        at::IntArrayRef output_padding, std::int64_t groups) {
-  if (!taken(input, weight)) {
+  if (!runs_through_cache(input, weight, stride, padding, dilation, transposed, output_padding, groups)) {
     return at::native::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                    groups);
   }
-  if (!transposed) return call_convolution(input, weight, bias, stride, padding, dilation, groups);
-  return call_convolution_transpose(input, weight, bias, stride, padding, output_padding, dilation, groups);
+  return cached_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::OptionalIntArrayRef bias_sizes, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
     bool transposed, at::IntArrayRef output_padding, std::int64_t groups, std::array<bool, 3> output_mask) {
-  if (!taken(input, weight) || grad_output.numel() == 0) {
+  if (grad_output.numel() == 0 ||
+      !runs_through_cache(input, weight, stride, padding, dilation, transposed, output_padding, groups)) {
     return at::native::convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                                             transposed, output_padding, groups, output_mask);
   }
-  at::Tensor grad_input, grad_weight, grad_bias;
-  if (!transposed) {
-    if (output_mask[0]) {
-      grad_input = call_backward_input(grad_output, weight, input.sizes(), stride, padding, dilation, groups);
-    }
-    if (output_mask[1]) {
-      grad_weight = call_backward_weight(grad_output, input, weight.sizes(), stride, padding, dilation, groups);
-    }
-  } else {  // the transposed convolution is the backward-data of the convolution from its output to its input
-    if (output_mask[0]) {
-      grad_input = call_convolution(grad_output, weight, std::nullopt, stride, padding, dilation, groups);
-    }
-    if (output_mask[1]) {
-      grad_weight = call_backward_weight(input, grad_output, weight.sizes(), stride, padding, dilation, groups);
-    }
-  }
+  // The convolution is forward(input, weight); the transposed one is backward_data(input, weight).
+  auto [grad_input, grad_weight] =
+      cached_gradients(transposed ? Direction::backward_data : Direction::forward, input, weight, grad_output, stride,
+                       padding, dilation, groups, {output_mask[0], output_mask[1]});
+  at::Tensor grad_bias;
   if (output_mask[2]) {
     std::vector<std::int64_t> reduced{0};
     for (std::int64_t d = 2; d < grad_output.dim(); ++d) reduced.push_back(d);

@@ -8,11 +8,11 @@
 namespace cudnn_cache::torch_ops {
 namespace {
 
-at::Tensor convolution_meta(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                            std::int64_t groups) {
-  check_tensors("convolution", input, weight, bias);
-  const ConvolutionParams params = check_params("convolution", input, weight, stride, padding, dilation, groups);
+at::Tensor forward_meta(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+  check_tensors("_convolution_forward", input, weight);
+  const ConvolutionParams params =
+      check_params("_convolution_forward", input, weight, stride, padding, dilation, groups);
   return at::empty(convolution_output_size(input.sizes(), weight.sizes(), params),
                    input.options().memory_format(convolution_memory_format(input, weight)));
 }
@@ -32,7 +32,7 @@ at::Tensor backward_weight_meta(const at::Tensor& grad_output, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, Meta, m) {
-  m.impl("convolution", &convolution_meta);
+  m.impl("_convolution_forward", &forward_meta);
   m.impl("_convolution_backward_input", &backward_input_meta);
   m.impl("_convolution_backward_weight", &backward_weight_meta);
 }
