@@ -2,7 +2,8 @@
 # Installs everything building and testing cudnn_cache needs on a fresh Debian machine with the CUDA toolkit:
 # Debian's cereal, Catch2, Google Benchmark, CMake, Ninja, and clang with its sanitizer and libFuzzer runtimes
 # (scripts/sanitize.sh, scripts/fuzz.sh); from PyPI, PyTorch 2.11.0 (which brings the cuDNN the project builds
-# against), the matching torchvision (for the warm start's model names), pytest, numpy and tqdm; and
+# against), the matching torchvision (for the warm start's model names), pytest, numpy, tqdm and expecttest (which
+# PyTorch's test material, op_db and module_db, imports); and
 # cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only installs
 # what is missing.
 set -euo pipefail
@@ -21,5 +22,5 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel"
+  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel" "expecttest"
 "$(dirname "$0")/fetch_cudnn_frontend.sh"
