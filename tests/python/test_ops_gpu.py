@@ -120,6 +120,28 @@ def test_channels_last_output_stays_channels_last():
     assert ops.convolution(x, w, None, [1], [1], [1], 1).is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("path", ["convert", "intercept"])
+def test_a_1d_convolution_of_a_transposed_input_keeps_native_layout(path):
+    """(N, L, C) activations transposed to (N, C, L), as audio and text models feed Conv1d: PyTorch runs them as
+    channels-last (N, C, 1, L) for cuDNN, and so does the cache; outputs and gradients keep native's strides."""
+    x = randn(4, 20, 16).transpose(1, 2).requires_grad_()  # strides (320, 1, 16)
+    w = randn(8, 16, 3).requires_grad_()
+    results = []
+    for cached in (False, True):
+        conv = cudnn_cache.functional.conv1d if cached and path == "convert" else F.conv1d
+        cudnn_cache.intercept(cached and path == "intercept")
+        try:
+            y = conv(x, w, None, 1, 1)
+            grads = torch.autograd.grad(y, [x, w], randn(*y.shape, seed=3))
+        finally:
+            cudnn_cache.intercept(False)
+        results.append((y, *grads))
+    assert cudnn_cache.stats()["misses"] > 0
+    for native, ours in zip(*results):
+        assert ours.stride() == native.stride()
+        assert_close_scaled(ours, native, TOLERANCE[torch.float32], "1-D")
+
+
 def test_mismatched_devices_are_rejected_as_pytorch_rejects_them():
     x, w = randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3)
     with pytest.raises(RuntimeError) as native:

@@ -72,8 +72,8 @@ std::vector<std::int64_t> conv_key(const std::string& direction, const at::Tenso
   const ConvolutionParams params = check_params(op, input, weight, stride, padding, dilation, groups, transposed);
   // Stand-ins with the sizes and strides the kernels give cuDNN, without touching any data.
   const at::MemoryFormat format = convolution_memory_format(input, weight);
-  const auto options = input.options().device(at::kMeta).memory_format(format);
-  const auto like = [&](at::IntArrayRef sizes) { return at::empty(sizes, options); };
+  const auto options = input.options().device(at::kMeta);
+  const auto like = [&](at::IntArrayRef sizes) { return empty_in(sizes, options, format); };
   at::Tensor x, y;
   if (transposed) {
     const auto extra = per_spatial_dim(op, "output_padding", output_padding, params.stride.size());

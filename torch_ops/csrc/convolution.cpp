@@ -28,7 +28,7 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
                                                    std::int64_t groups, std::array<bool, 2> needed) {
   // Native PyTorch hands cuDNN grad_output in the forward's memory format; so do we, and the keys of the
   // three directions agree on the layout.
-  const at::Tensor g = grad.contiguous(convolution_memory_format(a, b));
+  const at::Tensor g = contiguous_in(grad, convolution_memory_format(a, b));
   const auto call = [&](Direction direction, const at::Tensor& first, const at::Tensor& second, at::IntArrayRef size) {
     return call_cached(direction, first, second, size, stride, padding, dilation, groups);
   };

@@ -115,12 +115,27 @@ std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at:
 
 at::MemoryFormat convolution_memory_format(const at::Tensor& a, const at::Tensor& b) {
   const auto dims = a.dim();
+  if (dims == 3) return convolution_memory_format(a.unsqueeze(2), b.dim() == 3 ? b.unsqueeze(2) : b);
   // cuDNN has no channels-last algorithms for double; PyTorch keeps double contiguous too.
   if ((dims != 4 && dims != 5) || a.scalar_type() == at::kDouble) return at::MemoryFormat::Contiguous;
   const at::MemoryFormat channels_last = dims == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
   const bool wants_channels_last =
       a.suggest_memory_format() == channels_last || (b.dim() == dims && b.suggest_memory_format() == channels_last);
   return wants_channels_last ? channels_last : at::MemoryFormat::Contiguous;
+}
+
+at::Tensor contiguous_in(const at::Tensor& tensor, at::MemoryFormat format) {
+  if (tensor.dim() == 3 && format == at::MemoryFormat::ChannelsLast) {
+    return tensor.unsqueeze(2).contiguous(format).squeeze(2);
+  }
+  return tensor.contiguous(format);
+}
+
+at::Tensor empty_in(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
+  if (sizes.size() == 3 && format == at::MemoryFormat::ChannelsLast) {
+    return at::empty({sizes[0], sizes[1], 1, sizes[2]}, options.memory_format(format)).squeeze(2);
+  }
+  return at::empty(sizes, options.memory_format(format));
 }
 
 cudnnDataType_t cudnn_data_type(at::ScalarType type, const char* name) {

@@ -78,9 +78,17 @@ std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at
 std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
                                                  const ConvolutionParams& params, at::IntArrayRef output_padding);
 
-// The memory format cuDNN should see: channels-last when either tensor is (4-D and 5-D only, never double), as
-// PyTorch does.
+// The memory format cuDNN should see: channels-last when either tensor is (never for double), as PyTorch does.
+// The (N, C, L) tensors of a 1-D convolution are judged as the (N, C, 1, L) views PyTorch gives cuDNN, so an
+// (N, L, C) tensor transposed to (N, C, L) is channels-last too.
 at::MemoryFormat convolution_memory_format(const at::Tensor& a, const at::Tensor& b);
+
+// `tensor` dense in `format` (itself if it is); a 3-D tensor in ChannelsLast is laid out as its (N, C, 1, L)
+// view is in channels-last, strides (L * C, 1, C).
+at::Tensor contiguous_in(const at::Tensor& tensor, at::MemoryFormat format);
+
+// An uninitialised tensor of `sizes` dense in `format`, 3-D ones as contiguous_in lays them out.
+at::Tensor empty_in(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format);
 
 // cuDNN's data type for a PyTorch dtype; fails naming the dtype for anything but float, half, bfloat16, double.
 cudnnDataType_t cudnn_data_type(at::ScalarType type, const char* name);

@@ -17,9 +17,9 @@ at::Tensor forward_cpu(const at::Tensor& input, const at::Tensor& weight, at::In
   const ConvolutionParams params =
       check_params("_convolution_forward", input, weight, stride, padding, dilation, groups);
   convolution_output_size(input.sizes(), weight.sizes(), params);  // checks the kernel fits
-  return at::convolution(input, weight, std::nullopt, params.stride, params.padding, params.dilation, false,
-                         zeros(params.stride.size()), groups)
-      .contiguous(convolution_memory_format(input, weight));
+  return contiguous_in(at::convolution(input, weight, std::nullopt, params.stride, params.padding, params.dilation,
+                                       false, zeros(params.stride.size()), groups),
+                       convolution_memory_format(input, weight));
 }
 
 // at::convolution_backward needs the tensors whose gradient is not asked for only for their sizes.
@@ -30,10 +30,10 @@ at::Tensor backward_input_cpu(const at::Tensor& grad_output, const at::Tensor& w
   const at::Tensor input = at::empty(input_size, grad_output.options());
   const ConvolutionParams params = check_params("_convolution_backward_input", input, weight, stride, padding,
                                                 dilation, groups);
-  return std::get<0>(at::convolution_backward(grad_output, input, weight, std::nullopt, params.stride, params.padding,
-                                              params.dilation, false, zeros(params.stride.size()), groups,
-                                              {true, false, false}))
-      .contiguous(convolution_memory_format(grad_output, weight));
+  return contiguous_in(std::get<0>(at::convolution_backward(grad_output, input, weight, std::nullopt, params.stride,
+                                                            params.padding, params.dilation, false,
+                                                            zeros(params.stride.size()), groups, {true, false, false})),
+                       convolution_memory_format(grad_output, weight));
 }
 
 at::Tensor backward_weight_cpu(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
@@ -43,10 +43,10 @@ at::Tensor backward_weight_cpu(const at::Tensor& grad_output, const at::Tensor& 
   const at::Tensor weight = at::empty(weight_size, grad_output.options());
   const ConvolutionParams params = check_params("_convolution_backward_weight", input, weight, stride, padding,
                                                 dilation, groups);
-  return std::get<1>(at::convolution_backward(grad_output, input, weight, std::nullopt, params.stride,
-                                              params.padding, params.dilation, false, zeros(params.stride.size()),
-                                              groups, {false, true, false}))
-      .contiguous(convolution_memory_format(input, grad_output));
+  return contiguous_in(std::get<1>(at::convolution_backward(grad_output, input, weight, std::nullopt, params.stride,
+                                                            params.padding, params.dilation, false,
+                                                            zeros(params.stride.size()), groups, {false, true, false})),
+                       convolution_memory_format(input, grad_output));
 }
 
 }  // namespace

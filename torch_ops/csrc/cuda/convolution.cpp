@@ -23,9 +23,9 @@ void check_cuda(const char* op, const at::Tensor& a, const at::Tensor& b) {
 // The graph API describes tensors as kGraphAlignment-byte aligned (Note [Engine configs]). Memory from the
 // caching allocator is; a view that starts inside it may not be, and is copied.
 at::Tensor aligned(const at::Tensor& tensor, at::MemoryFormat format) {
-  const at::Tensor dense = tensor.contiguous(format);
+  const at::Tensor dense = contiguous_in(tensor, format);
   if (reinterpret_cast<std::uintptr_t>(dense.data_ptr()) % kGraphAlignment == 0) return dense;
-  return dense.clone(format);
+  return dense.clone(at::MemoryFormat::Preserve);  // dense: the copy keeps its strides
 }
 
 // Direction D of the problem on the operands: x, w and y are the input, weight and output of the forward
@@ -59,7 +59,7 @@ at::Tensor forward_cuda(const at::Tensor& input, const at::Tensor& weight, at::I
   const at::MemoryFormat format = convolution_memory_format(input, weight);
   const at::Tensor x = aligned(input, format);
   const at::Tensor w = aligned(weight, format);
-  at::Tensor y = at::empty(convolution_output_size(x.sizes(), w.sizes(), params), x.options().memory_format(format));
+  at::Tensor y = empty_in(convolution_output_size(x.sizes(), w.sizes(), params), x.options(), format);
   if (x.numel() > 0) run<Direction::forward>(make_problem(x, w, y, params, format), x, w, y);
   return y;
 }
@@ -73,7 +73,7 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& 
   const at::MemoryFormat format = convolution_memory_format(grad_output, weight);
   const at::Tensor dy = aligned(grad_output, format);
   const at::Tensor w = aligned(weight, format);
-  at::Tensor dx = at::empty(input_size, dy.options().memory_format(format));
+  at::Tensor dx = empty_in(input_size, dy.options(), format);
   const ConvolutionParams params =
       check_params("_convolution_backward_input", dx, w, stride, padding, dilation, groups);
   check_grad_output("_convolution_backward_input", dx, w, dy, params);
@@ -91,7 +91,7 @@ at::Tensor backward_weight_cuda(const at::Tensor& grad_output, const at::Tensor&
   const at::MemoryFormat format = convolution_memory_format(input, grad_output);
   const at::Tensor x = aligned(input, format);
   const at::Tensor dy = aligned(grad_output, format);
-  at::Tensor dw = at::empty(weight_size, x.options().memory_format(format));
+  at::Tensor dw = empty_in(weight_size, x.options(), format);
   const ConvolutionParams params =
       check_params("_convolution_backward_weight", x, dw, stride, padding, dilation, groups);
   check_grad_output("_convolution_backward_weight", x, dw, dy, params);
@@ -110,16 +110,16 @@ std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::In
   const ConvolutionParams params = check_params("fill", input, weight, stride, padding, dilation, groups, transposed);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::MemoryFormat format = convolution_memory_format(input, weight);
-  const auto options = input.options().memory_format(format);
+  const auto options = input.options();
   const at::Tensor w = aligned(weight, format);
   at::Tensor x, y;
   if (transposed) {
     const auto extra = per_spatial_dim("fill", "output_padding", output_padding, params.stride.size());
-    x = at::empty(transposed_output_size(input.sizes(), weight.sizes(), params, extra), options);
+    x = empty_in(transposed_output_size(input.sizes(), weight.sizes(), params, extra), options, format);
     y = aligned(input, format);
   } else {
     x = aligned(input, format);
-    y = at::empty(convolution_output_size(input.sizes(), weight.sizes(), params), options);
+    y = empty_in(convolution_output_size(input.sizes(), weight.sizes(), params), options, format);
   }
   if (x.numel() == 0 || y.numel() == 0) return 0;
   // Tuning writes the output of each direction: it gets scratch memory, never a tensor of the caller's.

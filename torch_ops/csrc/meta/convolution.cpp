@@ -13,20 +13,20 @@ at::Tensor forward_meta(const at::Tensor& input, const at::Tensor& weight, at::I
   check_tensors("_convolution_forward", input, weight);
   const ConvolutionParams params =
       check_params("_convolution_forward", input, weight, stride, padding, dilation, groups);
-  return at::empty(convolution_output_size(input.sizes(), weight.sizes(), params),
-                   input.options().memory_format(convolution_memory_format(input, weight)));
+  return empty_in(convolution_output_size(input.sizes(), weight.sizes(), params), input.options(),
+                  convolution_memory_format(input, weight));
 }
 
 at::Tensor backward_input_meta(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
   check_sizes("_convolution_backward_input", "input_size", input_size, grad_output);
-  return at::empty(input_size, grad_output.options().memory_format(convolution_memory_format(grad_output, weight)));
+  return empty_in(input_size, grad_output.options(), convolution_memory_format(grad_output, weight));
 }
 
 at::Tensor backward_weight_meta(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
                                 at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
   check_sizes("_convolution_backward_weight", "weight_size", weight_size, grad_output);
-  return at::empty(weight_size, input.options().memory_format(convolution_memory_format(input, grad_output)));
+  return empty_in(weight_size, input.options(), convolution_memory_format(input, grad_output));
 }
 
 }  // namespace
