@@ -438,7 +438,7 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
 }
 
 SaveReport save(const CacheStore& store, const std::string& path, const SaveOptions& options) {
-  CUDNN_CACHE_REQUIRE(!path.empty() && path.back() != '/', "cannot save to '", path, "': give a file name");
+  require_file_target(path);  // before the lock file is made next to it
   const FileLock lock(path, options.lock_timeout_seconds, options.warn);
   SaveReport report;
   report.locked = lock.held();
