@@ -373,9 +373,13 @@ def test_cli_merge_into_a_missing_folder_exits_3_naming_it(cli, valid_file, tmp_
     pytest.param([], 2, r"no command given", id="no_command"),
     pytest.param(["frobnicate"], 2, r"unknown command 'frobnicate'", id="unknown_command"),
     pytest.param(["validate", "a", "b"], 2, r"validate takes exactly one FILE", id="validate_two_files"),
-    pytest.param(["synth", "x.cache", "--entries", "ten"], 2, r"--entries takes a non-negative integer, not 'ten'",
-                 id="synth_bad_count"),
-    pytest.param(["synth", "x.cache", "--entries", "-1"], 2, r"non-negative integer", id="synth_negative_count"),
+    pytest.param(["synth", "x.cache", "--entries", "ten"], 2, r"--entries takes an integer from 0 to 100000, not "
+                 r"'ten'", id="synth_bad_count"),
+    pytest.param(["synth", "x.cache", "--entries", "-1"], 2, r"--entries takes an integer from 0 to 100000",
+                 id="synth_negative_count"),
+    # Used to be left to allocate until the kernel killed the process (rc 137, no message).
+    pytest.param(["synth", "x.cache", "--entries", "99999999999999"], 2, r"from 0 to 100000, not '99999999999999'",
+                 id="synth_too_many"),
     pytest.param(["synth", "x.cache"], 2, r"synth needs FILE and --entries N", id="synth_without_entries"),
     pytest.param(["synth", "no/such/x.cache", "--entries", "3"], 1, r"cannot save 'no/such/x.cache'.*unchanged",
                  id="synth_missing_folder"),
