@@ -5,6 +5,7 @@
                            the cache while CUDNN_CACHE_PATH is set, and under python -m cudnn_cache.run
     CUDNN_CACHE_LOG        off (the default), info or debug
     CUDNN_CACHE_LIBRARY    the ops library to load instead of the package's own (_library.py)
+    CUDNN_CACHE_BUILD_DIR  where a source checkout's ops library is, when the package has none (default build)
 
 Note [Bad environment variables]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
