@@ -59,7 +59,7 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   std::string text, reason;
   SECTION("not JSON") {
     text = "{ \"format_version\": 3, ";
-    reason = "not a valid cudnn_cache JSON export";
+    reason = "not a valid cudnn_cache JSON export: not JSON at byte 23 (Missing a name for object member.)";
   }
   SECTION("a newer format") {
     text = replaced(json, "\"format_version\": 3", "\"format_version\": 9");
@@ -97,10 +97,6 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   }
   // Note [Reading a JSON export]: where it was, which field, what was expected; none of cereal's or RapidJSON's
   // own words.
-  SECTION("a syntax error") {
-    text = "{ \"format_version\": 3, ";
-    reason = "not JSON at byte 23 (Missing a name for object member.)";
-  }
   SECTION("a top level that is not an object") {
     text = "[1, 2]";
     reason = "it must be one object";
