@@ -4,7 +4,9 @@
 # (scripts/sanitize.sh, scripts/fuzz.sh); from PyPI, PyTorch 2.11.0 (which brings the cuDNN the project builds
 # against), the matching torchvision (for the warm start's model names), pytest, numpy and tqdm; and
 # cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only installs
-# what is missing.
+# what is missing. Last, the cudnn_cache package of this checkout, editable (pip install -e: it builds nothing;
+# the package loads the ops library scripts/build.sh builds into ./build), with the `cudnn_cache` command, so
+# that `python -m cudnn_cache` and `cudnn_cache` work from anywhere.
 set -euo pipefail
 
 # clang, its sanitizer and libFuzzer runtimes and llvm's symbolizer: scripts/sanitize.sh and scripts/fuzz.sh.
@@ -23,3 +25,6 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel"
 "$(dirname "$0")/fetch_cudnn_frontend.sh"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-build-isolation --no-deps \
+  --editable "$(dirname "$0")/.."
+if command -v pyenv >/dev/null; then pyenv rehash; fi  # pyenv's shims are how its Python's commands reach PATH
