@@ -122,7 +122,8 @@ def test_runner_runs_the_script_as_main_with_its_arguments_and_exit_status(child
 def test_runner_follows_cudnn_cache_intercept_as_import_does(child_env, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(RUN_TARGET)
-    done = run_runner(child_env, "--cache", tmp_path / "c.cache", script, "0", environment={"CUDNN_CACHE_INTERCEPT": "0"})
+    done = run_runner(child_env, "--cache", tmp_path / "c.cache", script, "0",
+                      environment={"CUDNN_CACHE_INTERCEPT": "0"})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["intercepting"] is False
 

@@ -125,8 +125,7 @@ def program() -> str:
 
 
 def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
-    main = _cli.ArgumentParser(prog=prog, description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    main = _cli.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     command = commands.add_parser("inspect", help="a table of every entry")

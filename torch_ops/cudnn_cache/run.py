@@ -38,8 +38,8 @@ def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run
     script's: its options are never read as the runner's."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--cache", metavar="PATH",
                         help="the cache file or directory (default: $CUDNN_CACHE_PATH, else 'default')")
     parser.add_argument("--no-intercept", action="store_true",
