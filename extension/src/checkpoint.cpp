@@ -10,8 +10,6 @@
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/serialization.h"
 
-#include <rapidjson/error/en.h>
-
 // The layout of a cache file. Every field is little-endian, written through one cereal
 // PortableBinaryOutputArchive; the payload is a second archive's bytes, embedded as a blob.
 //
@@ -497,8 +495,7 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
           });
           archive.finishNode();
           // What deserialize could never give: the bytes of this version have no place for them.
-          if (!holds_graph_entries(version) && section.size() != section.forward.size() +
-                                                                     section.backward_data.size() +
+          if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
                                                                      section.backward_filter.size()) {
             detail::throw_invalid("format_version ", version, " cannot hold graph-API entries (section ", i,
                                   " has some); set format_version to ", kFormatVersion);

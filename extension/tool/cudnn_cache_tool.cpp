@@ -44,12 +44,13 @@ const Command kCommands[] = {
 const char* const kExitCodes = "exit codes: 0 success, 1 invalid file or failed command, 2 usage error\n";
 
 std::string usage_text() {
-  std::string text = "usage: cudnn_cache_tool <command> [arguments]\n       cudnn_cache_tool <command> --help\n\n"
-                     "commands:\n";
+  std::string text =
+      "usage: cudnn_cache_tool <command> [arguments]\n       cudnn_cache_tool <command> --help\n\n"
+      "commands:\n";
   for (const Command& command : kCommands) {
     const std::string synopsis = std::string(command.name) + " " + command.arguments;
-    text += "  " + synopsis + std::string(synopsis.size() < 35 ? 35 - synopsis.size() : 1, ' ') +
-            command.description + "\n";
+    text += "  " + synopsis + std::string(synopsis.size() < 35 ? 35 - synopsis.size() : 1, ' ') + command.description +
+            "\n";
   }
   return text + "\n" + kExitCodes;
 }

@@ -17,10 +17,9 @@ Origin synthetic_origin();
 // larger request is refused: the kernel would end the process, with no message, before it were done.
 inline constexpr std::size_t kMaxSyntheticEntries = 100'000;
 
-// Adds `entries` (at most kMaxSyntheticEntries; Error otherwise) distinct, valid entries (1-D, 2-D and 3-D problems over every supported data type, layout,
-// stride, dilation and group count, spread over the three directions of both the legacy and the graph-API
-// caches) to the store under `origin`.
-// The same seed gives the same entries.
+// Adds `entries` (at most kMaxSyntheticEntries; Error otherwise) distinct, valid entries (1-D, 2-D and 3-D problems
+// over every supported data type, layout, stride, dilation and group count, spread over the three directions of both
+// the legacy and the graph-API caches) to the store under `origin`. The same seed gives the same entries.
 void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t entries, std::uint64_t seed = 1);
 
 // Replaces the file at `path` with `entries` synthetic entries under synthetic_origin() (no merge, atomically)
