@@ -16,11 +16,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def library_of(binary: pathlib.Path, name: str, env: dict) -> pathlib.Path:
-    """Where the loader finds the library `name` for `binary` (ldd)."""
+    """Where the loader finds the library `name` for `binary` (ldd), without its ".." (symbolic links kept)."""
     listing = subprocess.run(["ldd", str(binary)], env=env, capture_output=True, text=True, check=True).stdout
     found = [line.split("=>")[1].split("(")[0].strip() for line in listing.splitlines() if f"{name} =>" in line]
     assert found and found[0] != "not found", listing
-    return pathlib.Path(found[0])
+    return pathlib.Path(os.path.normpath(found[0]))
 
 
 # .git is a folder in a clone and a file in a worktree (git worktree add): either is a checkout to clone from.
