@@ -81,7 +81,7 @@ def test_pip_install_builds_and_installs_everything(tmp_path, tool):
         done = subprocess.run([str(command), *map(str, args)], env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0 and expected in done.stdout, (args, done.stdout, done.stderr)
-    refused = subprocess.run([str(command), "validate", str(tmp_path / "missing.cache")], env=env, cwd=tmp_path,
+    refused = subprocess.run([str(command), "stats", str(tmp_path / "missing.cache")], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 3 and refused.stdout == ""
-    assert refused.stderr.startswith("cudnn_cache validate: ") and len(refused.stderr.splitlines()) == 1
+    assert refused.stderr.startswith("cudnn_cache stats: cannot read ") and len(refused.stderr.splitlines()) == 1
