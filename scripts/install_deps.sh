@@ -5,7 +5,9 @@
 # against), the matching torchvision (for the warm start's model names), pytest, numpy, tqdm and expecttest (which
 # PyTorch's test material, op_db and module_db, imports); and
 # cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only installs
-# what is missing.
+# what is missing. Last, the cudnn_cache package of this checkout, editable (pip install -e: it builds nothing;
+# the package loads the ops library scripts/build.sh builds into ./build), with the `cudnn_cache` command, so
+# that `python -m cudnn_cache` and `cudnn_cache` work from anywhere.
 set -euo pipefail
 
 # clang, its sanitizer and libFuzzer runtimes and llvm's symbolizer: scripts/sanitize.sh and scripts/fuzz.sh.
@@ -24,3 +26,6 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel" "expecttest"
 "$(dirname "$0")/fetch_cudnn_frontend.sh"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-build-isolation --no-deps \
+  --editable "$(dirname "$0")/.."
+if command -v pyenv >/dev/null; then pyenv rehash; fi  # pyenv's shims are how its Python's commands reach PATH

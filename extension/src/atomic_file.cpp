@@ -116,8 +116,18 @@ std::string read_file(const std::string& path) {
   }
 }
 
-void write_file_atomically(const std::string& path, const std::string& bytes) {
+void require_file_target(const std::string& path) {
   CUDNN_CACHE_REQUIRE(!path.empty() && path.back() != '/', "cannot save to '", path, "': give a file name");
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) != 0 || S_ISREG(existing.st_mode)) return;
+  // rename() would replace a FIFO or a device node (as root, even /dev/null), and fails late on a directory.
+  throw Error(detail::concat("cannot save to '", path, "': ",
+                             S_ISDIR(existing.st_mode) ? "it is a directory" : "it is not a regular file",
+                             "; give the name of a cache file (nothing was written)"));
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  require_file_target(path);
   struct stat existing {};
   const mode_t mode = ::stat(path.c_str(), &existing) == 0 ? (existing.st_mode & 07777) : 0644;
   TemporaryFile temporary(path);

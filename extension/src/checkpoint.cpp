@@ -369,76 +369,163 @@ std::string to_json(const Checkpoint& checkpoint) {
   return std::move(text).str() + '\n';
 }
 
+namespace {
+
+// Note [Reading a JSON export]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// cereal's JSON reader reports a missing field as "provided NVP (name) not found", a value of the wrong type as
+// one of RapidJSON's internal assertions ("IsObject()", "data_.f.flags & kUintFlag"), and skips fields it does
+// not know. A person edits exports by hand, so from_json says instead where it was (the section and entry),
+// which field, and what was expected; and it refuses a field it did not read, since a misspelt one would
+// otherwise be dropped without a word. Which fields exist is not listed a second time here: an export of what
+// was read has exactly the fields the reader knows, so the given document is compared with that.
+
+// The words for a failure of cereal's reader at `field` (nullptr inside an array), or "" for the project's own
+// messages, which say what was wrong already.
+std::string json_problem(const cereal::Exception& error, const char* field) {
+  const std::string what = error.what();
+  const std::string subject = field ? std::string("field '") + field + "'" : std::string("a value");
+  const std::string missing_prefix = "JSON Parsing failed - provided NVP (", missing_suffix = ") not found";
+  if (what.rfind(missing_prefix, 0) == 0 && what.size() >= missing_prefix.size() + missing_suffix.size()) {
+    return "missing field '" +
+           what.substr(missing_prefix.size(), what.size() - missing_prefix.size() - missing_suffix.size()) + "'";
+  }
+  if (what == "No more objects in input") return "a value is missing: an object or array ends early";
+  if (!dynamic_cast<const cereal::RapidJSONException*>(&error)) return "";
+  const auto mentions = [&](const char* text) { return what.find(text) != std::string::npos; };
+  // cereal enters arrays and objects alike, and asserts IsObject() when the value is neither.
+  if (mentions("IsObject")) return subject + " must be an object or an array";
+  if (mentions("IsArray")) return subject + " must be an array";
+  if (mentions("IsString")) return subject + " must be a string";
+  if (mentions("IsBool")) return subject + " must be true or false";
+  return subject + " must be a number of its field's kind (an integer in range, or a float)";
+}
+
+// The path of the first member of `given` that `known` lacks, or of an array element beyond `known`'s end;
+// "" when there is none. Follows only what both hold, so it goes no deeper than an export does.
+std::string unknown_field(const rapidjson::Value& given, const rapidjson::Value& known, const std::string& path) {
+  if (given.IsObject() && known.IsObject()) {
+    for (auto member = given.MemberBegin(); member != given.MemberEnd(); ++member) {
+      const std::string name(member->name.GetString(), member->name.GetStringLength());
+      const std::string inner = path.empty() ? name : path + "." + name;
+      const auto match = known.FindMember(member->name);
+      if (match == known.MemberEnd()) return "unknown field '" + inner + "'";
+      if (std::string found = unknown_field(member->value, match->value, inner); !found.empty()) return found;
+    }
+  } else if (given.IsArray() && known.IsArray()) {
+    if (given.Size() > known.Size()) {
+      return detail::concat(path, " has ", given.Size(), " values, ", known.Size(), " expected");
+    }
+    for (rapidjson::SizeType i = 0; i < given.Size(); ++i) {
+      if (std::string found = unknown_field(given[i], known[i], detail::concat(path, "[", i, "]")); !found.empty()) {
+        return found;
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 Checkpoint from_json(const std::string& text, const std::string& source) {
+  const auto invalid = [&](const auto&... reason) {
+    throw_file_error(source, "is not a valid cudnn_cache JSON export: ", reason...);
+  };
+  rapidjson::Document document;  // parsed here first, for its syntax errors and for unknown_field
+  document.Parse(text.data(), text.size());
+  if (document.HasParseError()) {
+    invalid("not JSON at byte ", document.GetErrorOffset(), " (", rapidjson::GetParseError_En(document.GetParseError()),
+            ")");
+  }
+  if (!document.IsObject()) invalid("it must be one object, {\"format_version\": ..., \"sections\": [...]}");
+
   Checkpoint checkpoint;
+  std::string where;  // the section or entry being read, for messages
   try {
     MemoryStream stream(text.data(), text.size());
     cereal::JSONInputArchive archive(stream);
-    archive(cereal::make_nvp("format_version", checkpoint.header.format_version),
-            cereal::make_nvp("cudnn_version", checkpoint.header.cudnn_version),
-            cereal::make_nvp("cuda_runtime_version", checkpoint.header.cuda_runtime_version));
-    const std::uint32_t version = checkpoint.header.format_version;
-    if (version == 0 || version > kFormatVersion) {
-      detail::throw_invalid("format_version ", version, " (this build reads 1 to ", kFormatVersion, ")");
-    }
-    json_array(archive, "sections", [&] {
-      cereal::size_type sections = 0;
-      archive.loadSize(sections);
-      for (cereal::size_type i = 0; i < sections; ++i) {
-        CheckpointSection section;
-        archive.startNode();
-        archive(cereal::make_nvp("origin", section.origin));
-        if (!checkpoint.sections.empty() && !(checkpoint.sections.back().origin < section.origin)) {
-          detail::throw_invalid("section ", i, " is out of order or repeated");
-        }
-        for_each_cache([&](auto traits) {
-          using Traits = decltype(traits);
-          json_array(archive, json_name<Traits>(), [&] {
+    try {
+      archive(cereal::make_nvp("format_version", checkpoint.header.format_version),
+              cereal::make_nvp("cudnn_version", checkpoint.header.cudnn_version),
+              cereal::make_nvp("cuda_runtime_version", checkpoint.header.cuda_runtime_version));
+      const std::uint32_t version = checkpoint.header.format_version;
+      if (version == 0 || version > kFormatVersion) {
+        detail::throw_invalid("format_version ", version, " (this build reads 1 to ", kFormatVersion, ")");
+      }
+      json_array(archive, "sections", [&] {
+        cereal::size_type sections = 0;
+        archive.loadSize(sections);
+        for (cereal::size_type i = 0; i < sections; ++i) {
+          CheckpointSection section;
+          where = detail::concat("sections[", i, "]");
+          archive.startNode();
+          archive(cereal::make_nvp("origin", section.origin));
+          if (!checkpoint.sections.empty() && !(checkpoint.sections.back().origin < section.origin)) {
+            detail::throw_invalid("section ", i, " is out of order or repeated");
+          }
+          for_each_cache([&](auto traits) {
+            using Traits = decltype(traits);
+            where = detail::concat("sections[", i, "]");
+            json_array(archive, json_name<Traits>(), [&] {
+              cereal::size_type count = 0;
+              archive.loadSize(count);
+              for (cereal::size_type j = 0; j < count; ++j) {
+                typename PerfCache<Traits>::Entry entry;
+                where = detail::concat("sections[", i, "].", json_name<Traits>(), "[", j, "]");
+                archive.startNode();
+                archive(cereal::make_nvp("key", entry.first), cereal::make_nvp("ranking", entry.second));
+                archive.finishNode();
+                append_entry<Traits>(section, std::move(entry), j);
+              }
+            });
+          });
+          where = detail::concat("sections[", i, "]");
+          json_array(archive, "stored_plans", [&] {
             cereal::size_type count = 0;
             archive.loadSize(count);
             for (cereal::size_type j = 0; j < count; ++j) {
-              typename PerfCache<Traits>::Entry entry;
+              ConvolutionKey key;
+              StoredPlan plan;
+              where = detail::concat("sections[", i, "].stored_plans[", j, "]");
               archive.startNode();
-              archive(cereal::make_nvp("key", entry.first), cereal::make_nvp("ranking", entry.second));
+              archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", plan));
               archive.finishNode();
-              append_entry<Traits>(section, std::move(entry), j);
+              append_plan(section, key, std::move(plan), j);
             }
           });
-        });
-        json_array(archive, "stored_plans", [&] {
-          cereal::size_type count = 0;
-          archive.loadSize(count);
-          for (cereal::size_type j = 0; j < count; ++j) {
-            ConvolutionKey key;
-            StoredPlan plan;
-            archive.startNode();
-            archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", plan));
-            archive.finishNode();
-            append_plan(section, key, std::move(plan), j);
+          archive.finishNode();
+          // What deserialize could never give: the bytes of this version have no place for them.
+          if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
+                                                                     section.backward_filter.size()) {
+            detail::throw_invalid("format_version ", version, " cannot hold graph-API entries (section ", i,
+                                  " has some); set format_version to ", kFormatVersion);
           }
-        });
-        archive.finishNode();
-        // What deserialize could never give: the bytes of this version have no place for them.
-        if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
-                                                                   section.backward_filter.size()) {
-          detail::throw_invalid("format_version ", version, " cannot hold graph-API entries (section ", i,
-                                " has some); set format_version to ", kFormatVersion);
+          if (!holds_plans(version) && !section.plans.empty()) {
+            detail::throw_invalid("format_version ", version, " cannot hold stored plans (section ", i,
+                                  " has some); set format_version to ", kFormatVersion);
+          }
+          checkpoint.sections.push_back(std::move(section));
         }
-        if (!holds_plans(version) && !section.plans.empty()) {
-          detail::throw_invalid("format_version ", version, " cannot hold stored plans (section ", i,
-                                " has some); set format_version to ", kFormatVersion);
-        }
-        checkpoint.sections.push_back(std::move(section));
-      }
-    });
-  } catch (const std::exception& e) {  // cereal::Exception, and RapidJSON's parse errors
-    throw_file_error(source, "is not a valid cudnn_cache JSON export: ", e.what());
+      });
+    } catch (const cereal::Exception& e) {  // while the archive can name the field: See Note [Reading a JSON export]
+      const std::string problem = json_problem(e, archive.getNodeName());
+      if (problem.empty()) throw;
+      detail::throw_invalid(where.empty() ? problem : "at " + where + ": " + problem);
+    }
+  } catch (const std::exception& e) {
+    invalid(e.what());
+  }
+
+  rapidjson::Document known;
+  known.Parse(to_json(checkpoint).c_str());
+  if (const std::string unknown = unknown_field(document, known, ""); !unknown.empty()) {
+    invalid(unknown, "; remove it, or export a file to see the fields");
   }
   return checkpoint;
 }
 
 SaveReport save(const CacheStore& store, const std::string& path, const SaveOptions& options) {
-  CUDNN_CACHE_REQUIRE(!path.empty() && path.back() != '/', "cannot save to '", path, "': give a file name");
+  require_file_target(path);  // before the lock file is made next to it
   const FileLock lock(path, options.lock_timeout_seconds, options.warn);
   SaveReport report;
   report.locked = lock.held();

@@ -4,6 +4,9 @@
 #include <limits>
 #include <random>
 
+#include "cudnn_cache/atomic_file.h"
+#include "cudnn_cache/error.h"
+
 namespace cudnn_cache {
 namespace {
 
@@ -114,6 +117,8 @@ Origin synthetic_origin() {
 }
 
 void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t entries, std::uint64_t seed) {
+  CUDNN_CACHE_REQUIRE(entries <= kMaxSyntheticEntries, "cannot make ", entries, " synthetic entries: at most ",
+                      kMaxSyntheticEntries, " at a time");
   std::mt19937_64 random(seed);
   DirectionCaches& caches = store.caches(origin);
   const std::size_t target = caches.size() + entries;
@@ -135,6 +140,16 @@ void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t 
       }
     });
   }
+}
+
+std::size_t write_synthetic_file(const std::string& path, std::size_t entries, std::uint64_t seed) {
+  require_file_target(path);  // before making the entries
+  CacheStore store;
+  add_synthetic_entries(store, synthetic_origin(), entries, seed);
+  SaveOptions replace;
+  replace.merge = false;
+  save(store, path, replace);
+  return store.size();
 }
 
 void add_synthetic_ranking(CacheStore& store, const Origin& origin, bool graph, const ConvolutionKey& key,

@@ -90,6 +90,19 @@ TEST_CASE("write_file_atomically refuses a path without a file name", "[atomic_f
   CHECK(folder.listing().empty());
 }
 
+TEST_CASE("write_file_atomically refuses to replace a directory or a FIFO, naming what it is", "[atomic_file]") {
+  TemporaryFolder folder;
+  const std::string directory = folder.file("directory"), fifo = folder.file("fifo");
+  REQUIRE(::mkdir(directory.c_str(), 0755) == 0);
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  CHECK_THAT(error_of([&] { write_file_atomically(directory, "x"); }),
+             Contains("cannot save to '" + directory + "': it is a directory; give the name of a cache file"));
+  CHECK_THAT(error_of([&] { write_file_atomically(fifo, "x"); }),
+             Contains("cannot save to '" + fifo + "': it is not a regular file"));
+  CHECK(folder.listing() == std::vector<std::string>{"directory", "fifo"});  // no temporary file either
+  CHECK_NOTHROW(require_file_target(folder.file("new.bin")));
+}
+
 TEST_CASE("write_file_atomically into a missing folder names the path and changes nothing", "[atomic_file]") {
   TemporaryFolder folder;
   const std::string path = folder.file("missing/data.bin");

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -453,6 +454,21 @@ TEST_CASE("saving into a missing folder names the path and keeps the previous fi
   CHECK_THAT(error_of([&] { save(store, path); }),
              Contains(path) && Contains("the previous file, if any, is unchanged"));
   CHECK(folder.listing().empty());
+}
+
+TEST_CASE("saving over a directory says so, merging or not, and creates no lock file next to it", "[checkpoint]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("taken");
+  REQUIRE(::mkdir(path.c_str(), 0755) == 0);
+  CacheStore store;
+  fill(store, 5);
+  SaveOptions options;
+  options.merge = GENERATE(true, false);
+  CAPTURE(options.merge);
+  const std::string message = error_of([&] { save(store, path, options); });
+  CHECK_THAT(message, Contains("cannot save to '" + path + "': it is a directory; give the name of a cache file"));
+  CHECK_THAT(message, !Contains("merge=False"));  // which cannot replace a directory either
+  CHECK(folder.listing() == std::vector<std::string>{"taken"});
 }
 
 TEST_CASE("saving over an existing file replaces it when merging is off", "[checkpoint]") {

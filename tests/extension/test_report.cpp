@@ -59,7 +59,7 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   std::string text, reason;
   SECTION("not JSON") {
     text = "{ \"format_version\": 3, ";
-    reason = "not a valid cudnn_cache JSON export";
+    reason = "not a valid cudnn_cache JSON export: not JSON at byte 23 (Missing a name for object member.)";
   }
   SECTION("a newer format") {
     text = replaced(json, "\"format_version\": 3", "\"format_version\": 9");
@@ -95,8 +95,40 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
     text = replaced(json, "\"cudnn_cache synthetic GPU\"", "\"GPU\\u0001\"");
     reason = "device name that is not printable ASCII";
   }
+  // Note [Reading a JSON export]: where it was, which field, what was expected; none of cereal's or RapidJSON's
+  // own words.
+  SECTION("a top level that is not an object") {
+    text = "[1, 2]";
+    reason = "it must be one object";
+  }
+  SECTION("a missing field") {
+    text = replaced(json, "\"algorithm\": 1,", "");
+    reason = "missing field 'algorithm'";
+  }
+  SECTION("a field of the wrong type, named with where it is") {
+    text = replaced(json, "\"workspace_bytes\": ", "\"workspace_bytes\": \"many\", \"was\": ");
+    reason = "at sections[0].legacy_forward[";
+  }
+  SECTION("a string where a number belongs") {
+    text = replaced(json, "\"format_version\": 3", "\"format_version\": \"3\"");
+    reason = "field 'format_version' must be a number of its field's kind";
+  }
+  SECTION("a number where an array belongs") {
+    text = replaced(json, "\"stored_plans\": [", "\"stored_plans\": 5, \"was\": [");
+    reason = "at sections[0]: field 'stored_plans' must be an object or an array";
+  }
+  SECTION("a field the reader does not know") {
+    text = replaced(json, "\"time_ms\": 0.25", "\"time_ms\": 0.25, \"tme_ms\": 0.5");
+    reason = "unknown field 'sections[0].graph_forward[";
+  }
+  SECTION("a field the reader does not know, at the top") {
+    text = replaced(json, "\"format_version\": 3", "\"format_version\": 3, \"comment\": \"tuned on h200-07\"");
+    reason = "unknown field 'comment'";
+  }
   CAPTURE(reason);
-  CHECK_THAT(error_of([&] { from_json(text, "edited.json"); }), Contains("'edited.json'") && Contains(reason));
+  const std::string message = error_of([&] { from_json(text, "edited.json"); });
+  CHECK_THAT(message, Contains("'edited.json'") && Contains(reason));
+  CHECK_THAT(message, !Contains("rapidjson") && !Contains("NVP") && !Contains("Flag"));
 }
 
 TEST_CASE("diff tells entries of one side, entries of both with another best, and the same ones", "[report]") {

@@ -56,6 +56,14 @@ TEST_CASE("add_synthetic_entries adds N more to a non-empty store", "[synthetic]
   CHECK(store.size() == 180);
 }
 
+TEST_CASE("add_synthetic_entries refuses more than kMaxSyntheticEntries before allocating", "[synthetic]") {
+  CacheStore store;
+  CHECK_THROWS_WITH(add_synthetic_entries(store, synthetic_origin(), kMaxSyntheticEntries + 1),
+                    Catch::Matchers::Contains("at most 100000 at a time"));
+  CHECK_THROWS_AS(add_synthetic_entries(store, synthetic_origin(), std::size_t{99999999999999}), Error);
+  CHECK(store.size() == 0);
+}
+
 TEST_CASE("synthetic rankings are valid rankings", "[synthetic]") {
   CacheStore store;
   add_synthetic_entries(store, synthetic_origin(), 300);

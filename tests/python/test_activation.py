@@ -91,8 +91,38 @@ def test_resolution_of_files_and_directories(tmp_path, monkeypatch):
 
 def test_a_directory_names_no_file_without_a_gpu_and_the_identity_file_with_one(child, tmp_path):
     for value, directory in ((tmp_path, tmp_path), ("default", tmp_path / "xdg" / "cudnn_cache")):
-        expected = str(directory / _activation.identity_file_name()) if torch.cuda.is_available() else "None"
-        assert child(value) == (0, expected, "")
+        size, active, stderr = child(value)
+        if torch.cuda.is_available():
+            assert (size, active, stderr) == (0, str(directory / _activation.identity_file_name()), "")
+        else:  # said, not silent: the variable is set and yet no file is in use
+            assert (size, active) == (0, "None")
+            assert f"CUDNN_CACHE_PATH={value} names a directory" in stderr and "no cache file" in stderr
+
+
+def test_a_process_that_changed_nothing_writes_nothing_at_exit(child, synth):
+    """Loading the file and exiting leaves it alone (a read-only file is no concern then); adding entries saves."""
+    path = synth("convs.cache", 20)
+    before = path.stat()
+    assert child(path)[:2] == (20, str(path))
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # a save replaces the inode
+    child(path, synth("extra.cache", 3, seed=2))
+    assert path.stat().st_ino != before.st_ino
+
+
+def test_a_file_that_can_be_neither_loaded_nor_moved_aside_is_left_alone(tmp_path, monkeypatch, cache_state):
+    path = tmp_path / "convs.cache"
+    path.write_bytes(b"not a cache file")
+
+    def refuse(*args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_activation.os, "replace", refuse)
+    monkeypatch.setattr(_activation, "_active", None)
+    with pytest.warns(RuntimeWarning, match=r"cannot be loaded \(.*wrong magic.*\) nor moved aside \(.*Permission "
+                                             r"denied\); it is left as it is"):
+        assert _activation.activate(str(path)) is None
+    assert _activation.active_file() is None and path.read_bytes() == b"not a cache file"
 
 
 @pytest.mark.gpu

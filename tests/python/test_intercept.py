@@ -98,8 +98,9 @@ sys.exit(int(sys.argv[-1]))
 """
 
 
-def run_runner(child_env, *arguments, cwd=None):
+def run_runner(child_env, *arguments, cwd=None, environment=None):
     env = {k: v for k, v in child_env.items() if k not in ("CUDNN_CACHE_PATH", "CUDNN_CACHE_INTERCEPT")}
+    env.update(environment or {})
     return subprocess.run([sys.executable, "-m", "cudnn_cache.run", *map(str, arguments)], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
@@ -115,6 +116,15 @@ def test_runner_runs_the_script_as_main_with_its_arguments_and_exit_status(child
     assert run_runner(child_env, "--cache", tmp_path / "c.cache", script, "7").returncode == 7
 
     done = run_runner(child_env, "--cache", tmp_path / "c.cache", "--no-intercept", script, "0")
+    assert json.loads(done.stdout.splitlines()[-1])["intercepting"] is False
+
+
+def test_runner_follows_cudnn_cache_intercept_as_import_does(child_env, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(RUN_TARGET)
+    done = run_runner(child_env, "--cache", tmp_path / "c.cache", script, "0",
+                      environment={"CUDNN_CACHE_INTERCEPT": "0"})
+    assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["intercepting"] is False
 
 

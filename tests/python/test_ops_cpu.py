@@ -662,7 +662,8 @@ cudnn_cache.load(sys.argv[1])
 """
 
 
-@pytest.mark.parametrize("setting", ["debug", "info", "bogus", None])
+# A bad value ends the process in one line (test_bad_input.py, test_a_bad_environment_variable_ends_the_process_...).
+@pytest.mark.parametrize("setting", ["debug", "info", "off", None])
 def test_cudnn_cache_log_sets_both_loggers_at_start(child_env, synth_file, setting):
     env = dict(child_env)
     env.pop("CUDNN_CACHE_LOG", None)
@@ -674,5 +675,3 @@ def test_cudnn_cache_log_sets_both_loggers_at_start(child_env, synth_file, setti
     assert result.stdout.strip() == (setting if setting in ("debug", "info") else "off")
     shown = f"cudnn_cache [INFO] loaded 50 entries from {synth_file}" in result.stderr
     assert shown == (setting in ("debug", "info")), result.stderr
-    if setting == "bogus":
-        assert "CUDNN_CACHE_LOG: unknown log level 'bogus'" in result.stderr and "logging stays off" in result.stderr

@@ -80,3 +80,15 @@ def test_missing_file_names_the_path(build_dir, tmp_path):
     result = run_tool(build_dir, "validate", missing)
     assert result.returncode == 1
     assert str(missing) in result.stderr and "No such file" in result.stderr
+    assert result.stdout == ""  # the verdict is printed after the file was read, never before
+
+
+@pytest.mark.parametrize("command", ["validate", "inspect", "synth"])
+def test_every_command_has_its_own_help(build_dir, command):
+    for args in ((command, "--help"), (command, "-h"), ("help", command), (command, "x.bin", "--help")):
+        result = run_tool(build_dir, *args)
+        assert result.returncode == 0 and result.stderr == "", (args, result.stderr)
+        assert result.stdout.startswith(f"usage: cudnn_cache_tool {command} "), (args, result.stdout)
+        assert "exit codes:" in result.stdout
+    listing = run_tool(build_dir, "--help").stdout
+    assert all(f"  {name} " in listing for name in ("validate", "inspect", "synth"))

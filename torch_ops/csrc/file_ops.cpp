@@ -1,11 +1,12 @@
 // Cache files as ops, without touching this process's cache: what python -m cudnn_cache runs (summary, table,
-// statistics, diff, merge, JSON export and import). Errors name the file and the reason.
+// statistics, diff, merge, JSON export and import, synthetic files). Errors name the file and the reason.
 
 #include <torch/library.h>
 
 #include "cudnn_cache/atomic_file.h"
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/report.h"
+#include "cudnn_cache/synthetic.h"
 #include "problem.h"
 
 namespace cudnn_cache::torch_ops {
@@ -58,6 +59,21 @@ void file_import_json(const std::string& json_path, const std::string& output) {
   });
 }
 
+// Replaces `path` with a file of `entries` synthetic entries (for tests and benchmarks); returns the count.
+std::int64_t file_synth(const std::string& path, std::int64_t entries, std::int64_t seed) {
+  TORCH_CHECK(entries >= 0 && seed >= 0, "cudnn_cache synth: entries and seed must be >= 0, got ", entries, " and ",
+              seed);
+  return rethrow([&] {
+    return static_cast<std::int64_t>(
+        write_synthetic_file(path, static_cast<std::size_t>(entries), static_cast<std::uint64_t>(seed)));
+  });
+}
+
+// Writes `content` to `path` atomically (Note [Atomic save]); a directory or FIFO there is refused.
+void file_write(const std::string& path, const std::string& content) {
+  rethrow([&] { write_file_atomically(path, content); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
@@ -68,6 +84,8 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("file_merge", &file_merge);
   m.impl("file_export_json", &file_export_json);
   m.impl("file_import_json", &file_import_json);
+  m.impl("file_synth", &file_synth);
+  m.impl("file_write", &file_write);
 }
 
 }  // namespace cudnn_cache::torch_ops

@@ -74,6 +74,8 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("file_merge(str[] inputs, str output) -> str[]");
   m.def("file_export_json(str path) -> str");
   m.def("file_import_json(str json_path, str output) -> ()");
+  m.def("file_synth(str path, int entries, int seed=1) -> int");
+  m.def("file_write(str path, str content) -> ()");
 }
 
 namespace cudnn_cache::torch_ops {

@@ -19,8 +19,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from . import _environment
 from ._library import library_path, load_library
 
+# Every variable is checked before anything is loaded: See Note [Bad environment variables] in _environment.py.
+_intercept_at_import = _environment.intercept()
+_log_level_at_import = _environment.log_level()
 load_library()
 
 from . import functional  # noqa: E402  (needs the ops registered)
@@ -39,7 +43,7 @@ _LEVELS = {"off": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
 def _configure_logging_from_environment() -> None:
     """CUDNN_CACHE_LOG=info|debug also shows this package's messages on stderr (unless the application
     configured the logger itself)."""
-    level = os.environ.get("CUDNN_CACHE_LOG", "")
+    level = _log_level_at_import
     if level in ("info", "debug"):
         logger.setLevel(_LEVELS[level])
         if not logger.handlers:
@@ -303,18 +307,7 @@ def intercepting() -> bool:
     return _ops.get_intercept()
 
 
-INTERCEPT_ENVIRONMENT = "CUDNN_CACHE_INTERCEPT"
-
-
-def _intercept_from_environment() -> bool:
-    """CUDNN_CACHE_INTERCEPT: unset or 1/true/on/yes intercepts, 0/false/off/no does not."""
-    value = os.environ.get(INTERCEPT_ENVIRONMENT, "1").strip().lower()
-    if value in ("1", "true", "on", "yes", ""):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{INTERCEPT_ENVIRONMENT}={value!r}: use 1 (intercept PyTorch's convolutions, the default "
-                     "with CUDNN_CACHE_PATH) or 0 (only converted models and the cudnn_cache ops use the cache)")
+INTERCEPT_ENVIRONMENT = _environment.INTERCEPT
 
 
 from . import distributed  # noqa: E402  (sync(): share tuning across ranks)
@@ -322,5 +315,5 @@ from . import _activation  # noqa: E402  (CUDNN_CACHE_PATH: load now, save at ex
 
 if os.environ.get(_activation.ENVIRONMENT):
     _activation.activate(os.environ[_activation.ENVIRONMENT])
-    if _intercept_from_environment():
+    if _intercept_at_import:
         intercept(True)

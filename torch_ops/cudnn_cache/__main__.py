@@ -1,25 +1,33 @@
-"""python -m cudnn_cache: work with cache files the way you work with any other artefact.
+"""cudnn_cache (or python -m cudnn_cache): work with cache files the way you work with any other artefact.
 
-    python -m cudnn_cache inspect FILE              a table of every entry
-    python -m cudnn_cache validate FILE [FILE...]   check files; prints a summary of each
-    python -m cudnn_cache stats FILE                entries per GPU/cuDNN origin and cache, stored plans
-    python -m cudnn_cache diff A B                  entries only in A, only in B, and with another best
-    python -m cudnn_cache merge A B [...] -o OUT    one file of all; per candidate the faster measurement wins
-    python -m cudnn_cache export FILE --json [-o OUT]   the file as JSON (stdout without -o)
-    python -m cudnn_cache import [--json] JSON -o FILE  a cache file from a JSON export
+    cudnn_cache inspect FILE              a table of every entry
+    cudnn_cache validate FILE [FILE...]   check files; prints a summary of each
+    cudnn_cache stats FILE                entries per GPU/cuDNN origin and cache, stored plans
+    cudnn_cache diff A B                  entries only in A, only in B, and with another best
+    cudnn_cache merge A B [...] -o OUT    one file of all; per candidate the faster measurement wins
+    cudnn_cache export FILE --json [-o OUT]   the file as JSON (stdout without -o)
+    cudnn_cache import [--json] JSON -o FILE  a cache file from a JSON export
+    cudnn_cache synth FILE --entries N [--seed S]   a file of N synthetic entries (tests, benchmarks)
+    cudnn_cache run [--cache PATH] [--no-intercept] train.py|-m MODULE [ARGS...]
+                                          a script with the cache (python -m cudnn_cache.run)
 
-Files are written atomically (temp file, fsync, rename); none of these commands touches a process's cache.
+Each command takes --help. Files are written atomically (temp file, fsync, rename); none of the file commands
+touches a process's cache.
 An export can be edited and imported again; the import makes the loader's checks (valid keys, ranked
 candidates, known enum values). cereal writes each class's "cereal_class_version" once, in its first object:
 leave it where it is.
 
 Exit codes: 0 success (diff: the files hold the same entries and bests); 1 diff found differences; 2 usage
-error; 3 a file is missing, unreadable, corrupt or not a cache file (the reason is on stderr).
+error; 3 a file is missing, unreadable, corrupt or not a cache file, or cannot be written (the reason is on
+stderr, in one line). run exits with the script's status.
 """
 
 import argparse
+import os
 import sys
 from typing import List, Optional
+
+from . import _cli
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE = 0, 1, 2, 3
 
@@ -77,8 +85,7 @@ def _export(args) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        with open(args.output, "w") as output:
-            output.write(text)
+        _ops().file_write(args.output, text)
     return EXIT_OK
 
 
@@ -88,14 +95,37 @@ def _import(args) -> int:
     return EXIT_OK
 
 
+def _synth(args) -> int:
+    written = _ops().file_synth(args.file, args.entries, args.seed)
+    print(f"{args.file}: wrote {written} synthetic entries")
+    return EXIT_OK
+
+
+SYNTHETIC_ENTRIES_LIMIT = 100_000  # kMaxSyntheticEntries in extension/include/cudnn_cache/synthetic.h
+SEED_LIMIT = 10**18 - 1
+
+
+def _count(limit: int):
+    """An argparse type: a decimal integer from 0 to `limit`."""
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) > limit:
+            raise argparse.ArgumentTypeError(f"takes an integer from 0 to {limit}, not {text!r}")
+        return int(text)
+    return parse
+
+
 def _reason(error: RuntimeError) -> str:
     """The first line of a RuntimeError from the ops, without the C++ frames PyTorch may append."""
     return str(error).splitlines()[0]
 
 
-def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="python -m cudnn_cache", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def program() -> str:
+    """How the user called this: the console command `cudnn_cache` (pip install .) or python -m cudnn_cache."""
+    return "cudnn_cache" if os.path.basename(sys.argv[0]) == "cudnn_cache" else "python -m cudnn_cache"
+
+
+def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
+    main = _cli.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     command = commands.add_parser("inspect", help="a table of every entry")
@@ -132,18 +162,33 @@ def parser() -> argparse.ArgumentParser:
                          help="the format (the only one, so optional; for symmetry with export --json)")
     command.add_argument("-o", "--output", required=True)
     command.set_defaults(run=_import)
+
+    command = commands.add_parser("synth", help="a file of synthetic entries, for tests and benchmarks")
+    command.add_argument("file")
+    command.add_argument("--entries", type=_count(SYNTHETIC_ENTRIES_LIMIT), required=True, metavar="N")
+    command.add_argument("--seed", type=_count(SEED_LIMIT), default=1, metavar="S",
+                         help="the same seed gives the same entries (default 1)")
+    command.set_defaults(run=_synth)
+
+    # Parsed by cudnn_cache.run itself (main() hands it everything after "run"); here for --help's list.
+    commands.add_parser("run", add_help=False, help="run a script or module with the cache (--help: its options)")
     return main
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parser().parse_args(argv)  # exits with 2 on a usage error
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = program()
+    if argv[:1] == ["run"]:
+        from . import run
+        return run.main(argv[1:], prog=f"{prog} run")
+    args = parser(prog).parse_args(argv)  # exits with 2 on a usage error
     try:
         return args.run(args)
     except RuntimeError as error:
-        print(f"python -m cudnn_cache {args.command}: {_reason(error)}", file=sys.stderr)
+        print(f"{prog} {args.command}: {_reason(error)}", file=sys.stderr)
         return EXIT_BAD_FILE
     except OSError as error:
-        print(f"python -m cudnn_cache {args.command}: {error}", file=sys.stderr)
+        print(f"{prog} {args.command}: {error}", file=sys.stderr)
         return EXIT_BAD_FILE
 
 

@@ -9,7 +9,10 @@ A file that cannot be loaded (corrupt, truncated, of a newer cudnn_cache) is mov
 with a warning; the process starts with an empty cache. In a directory, files are named after the GPU
 (name, compute capability, SM count) and cuDNN major.minor, e.g. NVIDIA_H200-sm90-132sms-cudnn9.19.cache,
 so machines of different kinds can share one directory. The save at exit merges with what the file holds by
-then, under its lock (cudnn_cache.save), so many processes may share one file.
+then, under its lock (cudnn_cache.save), so many processes may share one file; a process that holds nothing
+but what it loaded from the file writes nothing. Without a GPU, a directory names no file: the process says so
+and uses none. A value no file can be made of (a FIFO, a path through a regular file) ends the process with
+one line (Note [Bad environment variables] in _environment.py).
 """
 
 import atexit
@@ -18,9 +21,11 @@ import pathlib
 import re
 import time
 import warnings
-from typing import Optional
+from typing import List, Optional
 
 import torch
+
+from . import _environment
 
 ENVIRONMENT = "CUDNN_CACHE_PATH"
 DEFAULT = "default"
@@ -40,22 +45,38 @@ def identity_file_name(device: Optional[int] = None) -> str:
             f"cudnn{cudnn // 10000}.{cudnn % 10000 // 100}.cache")
 
 
+def _check_usable(value: str, path: pathlib.Path, directory: bool) -> None:
+    """Refuses a value whose file could never be loaded nor saved: a FIFO or device where the file would be, or
+    a file where a folder would be (See Note [Bad environment variables] in _environment.py)."""
+    if path.exists() and not (path.is_dir() if directory else path.is_file()):
+        _environment.refuse(ENVIRONMENT, value, f"{path} is not a {'directory' if directory else 'regular file'}; "
+                                                "name a cache file, a directory, or 'default'")
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                _environment.refuse(ENVIRONMENT, value, f"{folder} is not a directory")
+            return
+
+
 def resolve(value: str) -> Optional[pathlib.Path]:
     """The file CUDNN_CACHE_PATH=value names, or None in directory mode without a GPU (whose identity names
-    the file)."""
+    the file). Ends the process on a value no file can be made of."""
     if value == DEFAULT:
         directory = default_directory()
     else:
         path = pathlib.Path(value).expanduser()
         if not (path.is_dir() or value.endswith(os.sep)):
+            _check_usable(value, path, directory=False)
             return path
         directory = path
+    _check_usable(value, directory, directory=True)
     if not torch.cuda.is_available():
         return None
     return directory / identity_file_name()
 
 
 _active: Optional[pathlib.Path] = None
+_loaded: List[int] = []  # the digests of the cache's entries once the file was loaded: See _save_at_exit
 
 
 def active_file() -> Optional[pathlib.Path]:
@@ -70,32 +91,48 @@ def activate(value: str) -> Optional[pathlib.Path]:
     global _active
     path = resolve(value)
     if path is None:
-        cudnn_cache.logger.info("%s=%s names a directory, and without a GPU there is no file to use", ENVIRONMENT,
-                                value)
+        warnings.warn(f"cudnn_cache: {ENVIRONMENT}={value} names a directory, whose files are named after the GPU; "
+                      "without a GPU this process loads and saves no cache file", RuntimeWarning, stacklevel=2)
         return None
     if path.exists():
         try:
             cudnn_cache.load(path)
         except RuntimeError as error:
+            reason = str(error).splitlines()[0]
             aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-            os.replace(path, aside)
-            warnings.warn(f"cudnn_cache: {ENVIRONMENT} names {path}, which cannot be loaded "
-                          f"({str(error).splitlines()[0]}). It was moved to {aside}; this process starts with an "
-                          "empty cache and saves a new file at exit.", RuntimeWarning, stacklevel=2)
+            try:
+                os.replace(path, aside)
+            except OSError as move_error:
+                warnings.warn(f"cudnn_cache: {ENVIRONMENT} names {path}, which cannot be loaded ({reason}) nor moved "
+                              f"aside ({move_error}); it is left as it is, and this process loads and saves no "
+                              "cache file", RuntimeWarning, stacklevel=2)
+                return None
+            warnings.warn(f"cudnn_cache: {ENVIRONMENT} names {path}, which cannot be loaded ({reason}). It was "
+                          f"moved to {aside}; this process starts with an empty cache and saves a new file at exit.",
+                          RuntimeWarning, stacklevel=2)
     if _active is None:
         atexit.register(_save_at_exit)
     _active = path
+    _loaded[:] = _content()
     return path
 
 
-def _save_at_exit() -> None:
-    import cudnn_cache
+def _content() -> List[int]:
+    """The digests of every entry of the cache (origin, cache, key, ranking, stored plan), sorted: equal lists,
+    equal caches."""
+    return sorted(torch.ops.cudnn_cache.inventory()[2][:, 2].tolist())
 
-    if _active is None or cudnn_cache.size() == 0:
+
+def _save_at_exit() -> None:
+    """Saves the cache into the active file, unless it holds nothing or nothing this process did not load
+    from that file: then there is nothing to add, and a file this process cannot write is no concern of it."""
+    import cudnn_cache  # imported already: activate() ran at the end of the package's import
+
+    if _active is None or cudnn_cache.size() == 0 or _content() == _loaded:
         return
     try:
         _active.parent.mkdir(parents=True, exist_ok=True)
         cudnn_cache.save(_active)
     except (OSError, RuntimeError) as error:
-        warnings.warn(f"cudnn_cache: could not save the cache to {_active} ({error}); what this process tuned "
-                      "is lost, the file on disk is unchanged", RuntimeWarning)
+        warnings.warn(f"cudnn_cache: could not save the cache to {_active} ({str(error).splitlines()[0]}); what "
+                      "this process tuned is lost, the file on disk is unchanged", RuntimeWarning)

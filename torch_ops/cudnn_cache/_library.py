@@ -5,6 +5,8 @@ import pathlib
 
 import torch
 
+from . import _environment
+
 _NAME = "libcudnn_cache_ops.so"
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 _REPOSITORY = _PACKAGE.parents[1]
@@ -13,30 +15,36 @@ _REPOSITORY = _PACKAGE.parents[1]
 def library_path() -> str:
     """The ops library this package loads.
 
-    In order: $CUDNN_CACHE_LIBRARY; the copy installed with the package (``pip install .``); the one a
-    development build left in ``<repository>/build/torch_ops`` (``scripts/build.sh``).
+    $CUDNN_CACHE_LIBRARY when set (it must name a file); else the copy installed with the package
+    (``pip install .``), then the one a development build left in ``<repository>/build/torch_ops``
+    (``scripts/build.sh``; $CUDNN_CACHE_BUILD_DIR names another build folder).
     """
-    candidates = []
-    if os.environ.get("CUDNN_CACHE_LIBRARY"):
-        candidates.append(pathlib.Path(os.environ["CUDNN_CACHE_LIBRARY"]))
-    candidates.append(_PACKAGE / "lib" / _NAME)
-    candidates.append(_REPOSITORY / os.environ.get("CUDNN_CACHE_BUILD_DIR", "build") / "torch_ops" / _NAME)
+    override = os.environ.get(_environment.LIBRARY)
+    if override:
+        if not os.path.isfile(override):
+            _environment.refuse(_environment.LIBRARY, override, f"no such file; unset it, or point it at {_NAME}")
+        return override
+    candidates = [_PACKAGE / "lib" / _NAME,
+                  _REPOSITORY / os.environ.get("CUDNN_CACHE_BUILD_DIR", "build") / "torch_ops" / _NAME]
     for candidate in candidates:
         if candidate.is_file():
             return str(candidate)
-    searched = "\n  ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"cudnn_cache: {_NAME} not found. Searched:\n  {searched}\n"
-        "Build it with scripts/build.sh (or pip install .), or point CUDNN_CACHE_LIBRARY at it.")
+    if os.environ.get("CUDNN_CACHE_BUILD_DIR"):
+        _environment.refuse("CUDNN_CACHE_BUILD_DIR", os.environ["CUDNN_CACHE_BUILD_DIR"],
+                            f"{candidates[1]} does not exist; name a folder scripts/build.sh built (BUILD_DIR)")
+    raise ImportError(f"cudnn_cache: {_NAME} not found (searched {', '.join(map(str, candidates))}); build it with "
+                      f"scripts/build.sh or pip install --no-build-isolation ., or point {_environment.LIBRARY} at it")
 
 
 def load_library() -> None:
-    """Registers the ops with torch.ops.load_library, with an actionable error if the build does not match."""
+    """Registers the ops with torch.ops.load_library, with a one-line, actionable error if the build does not
+    match."""
     path = library_path()
     try:
         torch.ops.load_library(path)
     except OSError as error:
-        raise ImportError(
-            f"cudnn_cache: cannot load {path}: {error}\n"
-            f"It must be built against this PyTorch ({torch.__version__}) and its cuDNN; rebuild with "
-            "scripts/build.sh or pip install .") from error
+        problem = (f"cannot be loaded ({error}); it must be built against this PyTorch ({torch.__version__}) and "
+                   "its cuDNN: rebuild with scripts/build.sh or pip install --no-build-isolation .")
+        if os.environ.get(_environment.LIBRARY):
+            _environment.refuse(_environment.LIBRARY, path, problem)
+        raise ImportError(f"cudnn_cache: {path} {problem}") from error

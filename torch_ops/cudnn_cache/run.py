@@ -7,23 +7,39 @@ The cache file loads before the script starts and is saved when the process exit
 (--cache sets it; without --cache and without the variable, the default directory
 $XDG_CACHE_HOME/cudnn_cache with one file per GPU and cuDNN identity). PyTorch's own CUDA convolutions run
 through the cache (cudnn_cache.intercept) unless --no-intercept. The script sees its own sys.argv and runs as
-__main__; its exit status is this command's.
+__main__; its exit status is this command's. CUDNN_CACHE_INTERCEPT=0 has the effect of --no-intercept.
 """
 
 import argparse
+import importlib.util
 import os
 import runpy
 import sys
 from typing import List, Optional
 
+from . import _cli
 
-def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+
+def _module_problem(name: str) -> Optional[str]:
+    """Why `python -m name` could not start, as runpy would find it, or None. Finding a submodule imports its
+    packages, as running it would."""
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:  # a package runs its __main__
+            if importlib.util.find_spec(f"{name}.__main__") is None:
+                return f"{name} is a package without a __main__ module; it cannot be run"
+    except (ImportError, ValueError) as error:
+        return f"cannot find module {name}: {error}"
+    return None if spec is not None else f"no module named {name}"
+
+
+def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run") -> argparse.Namespace:
     """The runner's own options, then the script (or -m MODULE) and everything after it, which is the
     script's: its options are never read as the runner's."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m cudnn_cache.run", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = _cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--cache", metavar="PATH",
                         help="the cache file or directory (default: $CUDNN_CACHE_PATH, else 'default')")
     parser.add_argument("--no-intercept", action="store_true",
@@ -51,23 +67,30 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         parser.error("name a script to run (train.py ...) or a module (-m package.module ...)")
     if args.module is not None and args.script is not None:
         parser.error("give a script or -m MODULE, not both")
-    if args.script is not None and not os.path.isfile(args.script):
+    if args.script is not None and not os.path.exists(args.script):
         parser.error(f"no such script: {args.script}")
+    if args.script is not None and not os.path.isfile(args.script):
+        parser.error(f"{args.script} is not a file; name a Python script")
+    if args.module is not None and (problem := _module_problem(args.module)) is not None:
+        parser.error(problem)
+    if args.cache == "":
+        parser.error("--cache needs a file, a directory or 'default'")
     args.arguments = rest
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
+def main(argv: Optional[List[str]] = None, prog: str = "python -m cudnn_cache.run") -> int:
+    args = parse_args(argv, prog)
     import cudnn_cache
-    from cudnn_cache import _activation
+    from cudnn_cache import _activation, _environment
 
+    intercepting = not args.no_intercept and _environment.intercept()  # refused before anything is loaded
     value = args.cache or os.environ.get(_activation.ENVIRONMENT) or _activation.DEFAULT
     os.environ[_activation.ENVIRONMENT] = value  # child processes of the script use the same cache
     if cudnn_cache.active_file() is None:  # the import did not activate it (the variable was not set)
         _activation.activate(value)
-    cudnn_cache.intercept(not args.no_intercept)
-    if args.no_intercept:
+    cudnn_cache.intercept(intercepting)
+    if not intercepting:
         os.environ[cudnn_cache.INTERCEPT_ENVIRONMENT] = "0"
     cudnn_cache.logger.info("cudnn_cache.run: cache %s, intercepting %s", cudnn_cache.active_file(),
                             cudnn_cache.intercepting())

@@ -34,6 +34,10 @@ namespace cudnn_cache {
 // The whole content of the file. Throws Error naming the file and the reason if it cannot be read.
 std::string read_file(const std::string& path);
 
+// Throws Error naming `path` unless a save may replace it: a file name (not empty, no trailing '/') of a regular
+// file or of nothing yet. A directory, FIFO or device is refused before anything is created next to it.
+void require_file_target(const std::string& path);
+
 // Replaces (or creates) the file with exactly these bytes, atomically; see Note [Atomic save].
 // An existing file keeps its permission bits; a new one gets 0644.
 void write_file_atomically(const std::string& path, const std::string& bytes);

@@ -21,6 +21,9 @@
 #include <cereal/types/array.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
+// clang-format off: after cereal's JSON archive, which makes rapidjson's assertions throw before rapidjson is read
+#include <rapidjson/error/en.h>  // from_json's syntax errors
+// clang-format on
 
 #include <algorithm>
 #include <cmath>

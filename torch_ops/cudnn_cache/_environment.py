@@ -1,0 +1,54 @@
+"""The environment variables cudnn_cache reads, each checked where it is read.
+
+    CUDNN_CACHE_PATH       a cache file, a directory (one file per GPU and cuDNN), or 'default' (_activation.py)
+    CUDNN_CACHE_INTERCEPT  1/true/on/yes (the default) or 0/false/off/no: route PyTorch's convolutions through
+                           the cache while CUDNN_CACHE_PATH is set, and under python -m cudnn_cache.run
+    CUDNN_CACHE_LOG        off (the default), info or debug
+    CUDNN_CACHE_LIBRARY    the ops library to load instead of the package's own (_library.py)
+    CUDNN_CACHE_BUILD_DIR  where a source checkout's ops library is, when the package has none (default build)
+
+Note [Bad environment variables]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A variable is set once for many processes (a CI job, a cluster's profile), so a bad value is refused loudly
+rather than ignored, and before anything is loaded, registered or scheduled for exit: the process ends with
+one line on stderr that names the variable, its value and what it takes (SystemExit, exit status 1), with no
+traceback and no second report from an exit handler. A file named by CUDNN_CACHE_PATH that cannot be loaded is
+another matter: the variable is fine, the file is moved aside with a warning and the process goes on.
+"""
+
+import os
+from typing import NoReturn, Optional
+
+INTERCEPT = "CUDNN_CACHE_INTERCEPT"
+LOG = "CUDNN_CACHE_LOG"
+LIBRARY = "CUDNN_CACHE_LIBRARY"
+
+_TRUE, _FALSE = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
+LOG_LEVELS = ("off", "info", "debug")
+
+
+def refuse(variable: str, value: str, problem: str) -> NoReturn:
+    """Ends the process with one line naming the variable, its value and what is wrong (See Note [Bad
+    environment variables])."""
+    raise SystemExit(f"cudnn_cache: {variable}={value!r}: {problem}")
+
+
+def intercept() -> bool:
+    """CUDNN_CACHE_INTERCEPT: unset or 1/true/on/yes intercepts, 0/false/off/no does not."""
+    value = os.environ.get(INTERCEPT, "1")
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    refuse(INTERCEPT, value, "use 1 (intercept PyTorch's convolutions, the default with CUDNN_CACHE_PATH) or 0 "
+                             "(only converted models and the cudnn_cache ops use the cache)")
+
+
+def log_level() -> Optional[str]:
+    """CUDNN_CACHE_LOG: None when unset or empty, else one of LOG_LEVELS."""
+    value = os.environ.get(LOG, "")
+    if value == "":
+        return None
+    if value not in LOG_LEVELS:
+        refuse(LOG, value, "use off, info (loads, saves, prepare) or debug (also every hit, miss, tune and plan)")
+    return value
