@@ -124,6 +124,7 @@ def test_channels_last_output_stays_channels_last():
 def test_a_1d_convolution_of_a_transposed_input_keeps_native_layout(path):
     """(N, L, C) activations transposed to (N, C, L), as audio and text models feed Conv1d: PyTorch runs them as
     channels-last (N, C, 1, L) for cuDNN, and so does the cache; outputs and gradients keep native's strides."""
+    torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags; both sides compute in float32
     x = randn(4, 20, 16).transpose(1, 2).requires_grad_()  # strides (320, 1, 16)
     w = randn(8, 16, 3).requires_grad_()
     results = []
