@@ -421,7 +421,7 @@ def test_conv_backend(case, has_bias, strided, contiguous):
             if not contiguous:
                 grad_output = make_noncontiguous(grad_output)
             results = {"backward": with_grads(convolution, *tensors, grad_output=grad_output)}
-            if x.numel() > 0:  # PyTorch skips forward AD for empty inputs too (a FIXME there)
+            if x.numel() > 0:  # as PyTorch's test_conv_backend, which leaves empty inputs' forward AD out
                 leaves = [t.detach().requires_grad_() for t in tensors]
                 with fwAD.dual_level():
                     duals = [fwAD.make_dual(t, random_like(t, 10 + i)) for i, t in enumerate(leaves)]

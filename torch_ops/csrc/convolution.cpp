@@ -120,8 +120,8 @@ at::Tensor convolution_transpose(const at::Tensor& input, const at::Tensor& weig
 }
 
 // Under torch.autocast PyTorch runs convolutions in the autocast dtype (float16 or bfloat16; double stays
-// double), and so do the public ops: their tensors are cast as ATen's autocast casts conv2d's, then the op runs
-// again below autocast.
+// double), and so do the public ops: their tensors are cast as ATen's autocast casts conv2d's, then the
+// composite runs below autocast.
 template <c10::DeviceType Device>
 at::Tensor convolution_any_autocast(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
@@ -131,15 +131,8 @@ at::Tensor convolution_any_autocast(const at::Tensor& input, const at::Tensor& w
       at::autocast::get_autocast_dispatch_key_from_device_type(Device));
   const at::ScalarType type = at::autocast::get_lower_precision_fp_from_device_type(Device);
   const auto cast = [&](const auto& tensor) { return at::autocast::cached_cast(type, tensor, Device); };
-  if (transposed) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("cudnn_cache::convolution_transpose", "")
-                               .typed<decltype(convolution_transpose)>();
-    return op.call(cast(input), cast(weight), cast(bias), stride, padding, output_padding, dilation, groups);
-  }
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_cache::convolution", "").typed<decltype(convolution)>();
-  return op.call(cast(input), cast(weight), cast(bias), stride, padding, dilation, groups);
+  return convolution_any(cast(input), cast(weight), cast(bias), stride, padding, dilation, transposed,
+                         output_padding, groups);
 }
 
 template <c10::DeviceType Device>
