@@ -120,13 +120,21 @@ def test_channels_last_output_stays_channels_last():
     assert ops.convolution(x, w, None, [1], [1], [1], 1).is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("transposed", ["input", "weight"])
 @pytest.mark.parametrize("path", ["convert", "intercept"])
-def test_a_1d_convolution_of_a_transposed_input_keeps_native_layout(path):
-    """(N, L, C) activations transposed to (N, C, L), as audio and text models feed Conv1d: PyTorch runs them as
-    channels-last (N, C, 1, L) for cuDNN, and so does the cache; outputs and gradients keep native's strides."""
+def test_a_1d_convolution_of_transposed_tensors_keeps_native_layout(path, transposed):
+    """(N, L, C) activations transposed to (N, C, L), as audio and text models feed Conv1d: PyTorch makes the input
+    contiguous before cuDNN sees it, so outputs and gradients are contiguous. A weight transposed from (O, K, C) is
+    channels-last as cuDNN's (O, C, 1, K) view, and then everything is. The cache keeps native's strides in both."""
     torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags; both sides compute in float32
-    x = randn(4, 20, 16).transpose(1, 2).requires_grad_()  # strides (320, 1, 16)
-    w = randn(8, 16, 3).requires_grad_()
+    x = randn(4, 16, 20)
+    w = randn(8, 16, 3)
+    if transposed == "input":
+        x = randn(4, 20, 16).transpose(1, 2)  # strides (320, 1, 16)
+    else:
+        w = randn(8, 3, 16).transpose(1, 2)  # strides (48, 1, 16)
+    x.requires_grad_()
+    w.requires_grad_()
     results = []
     for cached in (False, True):
         conv = cudnn_cache.functional.conv1d if cached and path == "convert" else F.conv1d

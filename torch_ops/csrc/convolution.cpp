@@ -27,8 +27,11 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
                                                    at::IntArrayRef padding, at::IntArrayRef dilation,
                                                    std::int64_t groups, std::array<bool, 2> needed) {
   // Native PyTorch hands cuDNN grad_output in the forward's memory format; so do we, and the keys of the
-  // three directions agree on the layout.
-  const at::Tensor g = contiguous_in(grad, convolution_memory_format(a, b));
+  // three directions agree on the layout. Each op judges its (a, b) in the order convolution_memory_format takes
+  // them; backward-weight's are (input, grad_output), its arguments (grad_output, input).
+  const at::MemoryFormat format =
+      op == Direction::backward_filter ? convolution_memory_format(b, a) : convolution_memory_format(a, b);
+  const at::Tensor g = contiguous_in(grad, format);
   const auto call = [&](Direction direction, const at::Tensor& first, const at::Tensor& second, at::IntArrayRef size) {
     return call_cached(direction, first, second, size, stride, padding, dilation, groups);
   };
