@@ -142,21 +142,34 @@ def refuse_legacy(section):
     return edited
 
 
-def starve_graph(section):
-    """Ranks first, in one direction, the config with the largest workspace (the plan decides how much)."""
-    entry, candidate = max(((entry, candidate) for name in GRAPH_SECTIONS for entry in section[name]
-                            for candidate in entry["ranking"]["candidates"]),
-                           key=lambda pair: pair[1]["workspace_bytes"])
-    assert candidate["workspace_bytes"] >= STARVED, (
-        f"no timed engine config needs {STARVED} bytes of workspace (largest: {candidate['workspace_bytes']}), so "
-        "the memory cap cannot starve one; pick a larger convolution in CHILD")
-    candidates = entry["ranking"]["candidates"]  # a file's rankings are in rank order: move it to the front
+def move_to_front(candidates, candidate, time_ms):
+    """Moves `candidate` to the front of a file's ranking (which must stay in rank order) with time `time_ms`."""
     version = candidates[0].pop("cereal_class_version", None)  # cereal writes it with the first element only
     candidates.remove(candidate)
-    candidate["time_ms"] = 0.0
+    candidate["time_ms"] = time_ms
     candidates.insert(0, candidate)
     if version is not None:
         candidate["cereal_class_version"] = version
+
+
+def starve_graph(section):
+    """Ranks first, in one direction, the config with the largest workspace (the plan decides how much), and its
+    smallest-workspace config second; every other entry runs its smallest-workspace config first. Under the
+    child's cap only the starved config then fails, once per call."""
+    entries = [entry for name in GRAPH_SECTIONS for entry in section[name]]
+    timed = {id(entry): [c for c in entry["ranking"]["candidates"] if c.get("status", 0) == 0] for entry in entries}
+    smallest = {id(entry): min(timed[id(entry)], key=lambda candidate: candidate["workspace_bytes"])
+                for entry in entries}
+    starved, largest = max(((entry, candidate) for entry in entries for candidate in timed[id(entry)]),
+                           key=lambda pair: pair[1]["workspace_bytes"])
+    assert largest["workspace_bytes"] >= STARVED, (
+        f"no timed engine config needs {STARVED} bytes of workspace (largest: {largest['workspace_bytes']}), so "
+        "the memory cap cannot starve one; pick a larger convolution in CHILD")
+    for entry in entries:
+        fitting = smallest[id(entry)]
+        assert fitting["workspace_bytes"] <= HEADROOM // 8, (entry, "has no config with a small workspace")
+        move_to_front(entry["ranking"]["candidates"], fitting, 1e-6 if entry is starved else 0.0)
+    move_to_front(starved["ranking"]["candidates"], largest, 0.0)
     return 1
 
 

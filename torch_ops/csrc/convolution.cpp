@@ -27,11 +27,8 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
                                                    at::IntArrayRef padding, at::IntArrayRef dilation,
                                                    std::int64_t groups, std::array<bool, 2> needed) {
   // Native PyTorch hands cuDNN grad_output in the forward's memory format; so do we, and the keys of the
-  // three directions agree on the layout. Each op judges its (a, b) in the order convolution_memory_format takes
-  // them; backward-weight's are (input, grad_output), its arguments (grad_output, input).
-  const at::MemoryFormat format =
-      op == Direction::backward_filter ? convolution_memory_format(b, a) : convolution_memory_format(a, b);
-  const at::Tensor g = contiguous_in(grad, format);
+  // three directions agree on the layout.
+  const at::Tensor g = contiguous_in(grad, convolution_memory_format(a, b));
   const auto call = [&](Direction direction, const at::Tensor& first, const at::Tensor& second, at::IntArrayRef size) {
     return call_cached(direction, first, second, size, stride, padding, dilation, groups);
   };
@@ -53,10 +50,14 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
   return {grad_a, grad_b};
 }
 
-at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                              bool transposed, at::IntArrayRef output_padding, std::int64_t groups) {
+at::Tensor cudnn_input(const at::Tensor& input) { return input.dim() == 3 ? input.contiguous() : input; }
+
+at::Tensor cached_convolution(const at::Tensor& given_input, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                              at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding,
+                              std::int64_t groups) {
   const char* op = transposed ? "convolution_transpose" : "convolution";
+  const at::Tensor input = cudnn_input(given_input);
   at::Tensor output;
   if (transposed) {  // the backward-data of the convolution from its output to its input
     check_tensors(op, input, weight);

@@ -59,6 +59,12 @@ at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight,
                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                               bool transposed, at::IntArrayRef output_padding, std::int64_t groups);
 
+// The input as cuDNN gets it: PyTorch makes a 1-D convolution's input contiguous before it views it as
+// (N, C, 1, L) (`_convolution` and `convolution_backward`, "avoid accidentally going through NHWC for permuted 3d
+// input"), so a transposed (N, L, C) input runs contiguous. The cache does the same, so its layouts, and with
+// them its keys and outputs, are native's.
+at::Tensor cudnn_input(const at::Tensor& input);
+
 // Adds bias (C) to output (N, C, *spatial) in place.
 void add_bias(at::Tensor& output, const std::optional<at::Tensor>& bias);
 

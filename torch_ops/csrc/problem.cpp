@@ -115,16 +115,9 @@ std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at:
 
 at::MemoryFormat convolution_memory_format(const at::Tensor& a, const at::Tensor& b) {
   const auto dims = a.dim();
+  if (dims == 3) return convolution_memory_format(a.unsqueeze(2), b.dim() == 3 ? b.unsqueeze(2) : b);
   // cuDNN has no channels-last algorithms for double; PyTorch keeps double contiguous too.
-  if (a.scalar_type() == at::kDouble) return at::MemoryFormat::Contiguous;
-  if (dims == 3) {
-    // PyTorch makes a 1-D convolution's input contiguous before it views it as (N, C, 1, L), and a contiguous
-    // view is never channels-last: only the second tensor can choose.
-    if (b.dim() != 3 || b.is_contiguous()) return at::MemoryFormat::Contiguous;
-    return b.unsqueeze(2).suggest_memory_format() == at::MemoryFormat::ChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                                     : at::MemoryFormat::Contiguous;
-  }
-  if (dims != 4 && dims != 5) return at::MemoryFormat::Contiguous;
+  if ((dims != 4 && dims != 5) || a.scalar_type() == at::kDouble) return at::MemoryFormat::Contiguous;
   const at::MemoryFormat channels_last = dims == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
   const bool wants_channels_last =
       a.suggest_memory_format() == channels_last || (b.dim() == dims && b.suggest_memory_format() == channels_last);

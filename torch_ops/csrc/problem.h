@@ -78,11 +78,9 @@ std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at
 std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
                                                  const ConvolutionParams& params, at::IntArrayRef output_padding);
 
-// The memory format cuDNN should see for the convolution of `a` with `b` (each op's own order: forward (input,
-// weight), backward-input (grad_output, weight), backward-weight (input, grad_output)), as PyTorch chooses it:
-// channels-last when either tensor is, never for double. A 1-D convolution is judged by `b` alone, viewed as the
-// (N, C, 1, L) tensor cuDNN gets: PyTorch makes the input contiguous first, so an (N, L, C) input transposed to
-// (N, C, L) runs contiguous, and a weight transposed from (O, K, C) runs channels-last.
+// The memory format cuDNN should see: channels-last when either tensor is (never for double), as PyTorch does.
+// The (N, C, L) tensors of a 1-D convolution are judged as the (N, C, 1, L) views PyTorch gives cuDNN, the
+// input once made contiguous as PyTorch makes it (cudnn_input): a weight transposed from (O, K, C) is channels-last.
 at::MemoryFormat convolution_memory_format(const at::Tensor& a, const at::Tensor& b);
 
 // `tensor` dense in `format` (itself if it is); a 3-D tensor in ChannelsLast is laid out as its (N, C, 1, L)

@@ -58,8 +58,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   }
   // The convolution is forward(input, weight); the transposed one is backward_data(input, weight).
   auto [grad_input, grad_weight] =
-      cached_gradients(transposed ? Direction::backward_data : Direction::forward, input, weight, grad_output, stride,
-                       padding, dilation, groups, {output_mask[0], output_mask[1]});
+      cached_gradients(transposed ? Direction::backward_data : Direction::forward, cudnn_input(input), weight,
+                       grad_output, stride, padding, dilation, groups, {output_mask[0], output_mask[1]});
   at::Tensor grad_bias;
   if (output_mask[2]) {
     std::vector<std::int64_t> reduced{0};
