@@ -206,10 +206,12 @@ TEST_CASE("loading into a non-empty store merges by the merge rule", "[checkpoin
 
   const PerfCache<Fwd>& cache = store.caches(origin).forward;
   CHECK(cache.size() == 3);
-  CHECK(cache.find(only_in_store) == in_store);
-  CHECK(cache.find(only_in_file) == in_file);
+  REQUIRE(cache.find(only_in_store));
+  CHECK(*cache.find(only_in_store) == in_store);
+  REQUIRE(cache.find(only_in_file));
+  CHECK(*cache.find(only_in_file) == in_file);
   const auto merged = cache.find(shared);
-  REQUIRE(merged.has_value());
+  REQUIRE(merged != nullptr);
   INFO(testing::to_text(*merged));
   CHECK(*merged == merge(in_store, in_file));
   // Algorithm 2 ties on time: the store's smaller workspace wins; 1 takes the file's faster time; 3 succeeded.

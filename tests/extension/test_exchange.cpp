@@ -41,12 +41,12 @@ TEST_CASE("an inventory names every entry once, by origin, backend and key", "[e
     REQUIRE(caches);
     graph += record.backend == Backend::graph;
     const bool found = record.backend == Backend::graph
-                           ? (record.key.direction == 0   ? caches->graph_forward.find(record.key).has_value()
-                              : record.key.direction == 1 ? caches->graph_backward_data.find(record.key).has_value()
-                                                          : caches->graph_backward_filter.find(record.key).has_value())
-                           : (record.key.direction == 0   ? caches->forward.find(record.key).has_value()
-                              : record.key.direction == 1 ? caches->backward_data.find(record.key).has_value()
-                                                          : caches->backward_filter.find(record.key).has_value());
+                           ? (record.key.direction == 0   ? caches->graph_forward.find(record.key) != nullptr
+                              : record.key.direction == 1 ? caches->graph_backward_data.find(record.key) != nullptr
+                                                          : caches->graph_backward_filter.find(record.key) != nullptr)
+                           : (record.key.direction == 0   ? caches->forward.find(record.key) != nullptr
+                              : record.key.direction == 1 ? caches->backward_data.find(record.key) != nullptr
+                                                          : caches->backward_filter.find(record.key) != nullptr);
     CHECK(found);
   }
   CHECK(graph > 0);

@@ -176,11 +176,11 @@ namespace {
 
 void run_graph(Runtime& runtime, cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers) {
   switch (static_cast<Direction>(key.direction)) {
-    case Direction::forward: return runtime.run_graph<Direction::forward>(handle, 0, key, buffers, allocate, false);
+    case Direction::forward: return runtime.run<GraphTraits<Direction::forward>>(handle, 0, key, buffers, allocate, false);
     case Direction::backward_data:
-      return runtime.run_graph<Direction::backward_data>(handle, 0, key, buffers, allocate, false);
+      return runtime.run<GraphTraits<Direction::backward_data>>(handle, 0, key, buffers, allocate, false);
     case Direction::backward_filter:
-      return runtime.run_graph<Direction::backward_filter>(handle, 0, key, buffers, allocate, false);
+      return runtime.run<GraphTraits<Direction::backward_filter>>(handle, 0, key, buffers, allocate, false);
   }
 }
 
@@ -260,7 +260,7 @@ TEST_CASE("a config cuDNN does not know fails with an Error, not a crash", "[gpu
   CHECK_THROWS_AS(GraphPlan(handle.handle, problems()[1].key, unknown), Error);
 }
 
-TEST_CASE("Runtime::run_graph tunes on a miss, hits afterwards, and computes what the legacy API does",
+TEST_CASE("Runtime::run through the graph backend tunes on a miss, hits afterwards, and computes what the legacy API does",
           "[gpu][graph][runtime]") {
   Handle handle;
   Runtime& runtime = Runtime::instance();
@@ -313,8 +313,8 @@ TEST_CASE("the backend decides which cache a call uses", "[gpu][graph][runtime]"
   CHECK(runtime.stats().tunes == before.tunes + 2);
   // The graph call ran the plan its search built: none was built again.
   CHECK(runtime.stats().plans_built == before.plans_built);
-  CHECK(caches.backward_filter.find(key).has_value());
-  CHECK(caches.graph_backward_filter.find(key).has_value());
+  CHECK(caches.backward_filter.find(key) != nullptr);
+  CHECK(caches.graph_backward_filter.find(key) != nullptr);
   runtime.set_backend(Backend::graph);
 }
 
@@ -453,9 +453,48 @@ TEST_CASE("a stored config whose workspace cannot be allocated falls back to the
                                                             Ranking<GraphBackwardFilterTraits>::of({first, second}));
   const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
   const Stats before = runtime.stats();
-  runtime.run_graph<Direction::backward_filter>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
+  runtime.run<GraphTraits<Direction::backward_filter>>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
   CHECK(runtime.stats().hits == before.hits + 1);
   CHECK(runtime.stats().fallbacks == before.fallbacks + 1);
+  check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
+}
+
+TEST_CASE("both backends count fallbacks the same way: a cached candidate passed over, never a heuristic one",
+          "[gpu][graph][runtime]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  ConvolutionKey key = problems()[1].key;
+  key.direction = static_cast<std::int32_t>(Direction::backward_filter);
+  std::mt19937 random(13);
+  Operands operands(key, random);
+  DirectionCaches& caches = runtime.caches_for_device(0);
+  const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
+
+  // Legacy: the first cached algorithm needs a workspace the allocator refuses; the second needs none.
+  using Legacy = BackwardFilterTraits;
+  Candidate<Legacy> first{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_STATUS_SUCCESS, 0.001f, 1 << 20};
+  Candidate<Legacy> second{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_STATUS_SUCCESS, 0.002f, 0};
+  first.math_type = second.math_type = CUDNN_FMA_MATH;
+  caches.backward_filter.erase(key);
+  caches.backward_filter.insert(key, Ranking<Legacy>::of({first, second}));
+  Stats before = runtime.stats();
+  runtime.run<Legacy>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
+  CHECK(runtime.stats().hits == before.hits + 1);
+  CHECK(runtime.stats().fallbacks == before.fallbacks + 1);
+  check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
+
+  // A miss under the heuristic policy walks cuDNN's heuristic order past what cannot run, in both backends,
+  // and counts no fallback: nothing cached was passed over.
+  runtime.set_miss_policy(MissPolicy::heuristic);
+  caches.backward_filter.erase(key);
+  caches.graph_backward_filter.erase(key);
+  before = runtime.stats();
+  runtime.run<Legacy>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
+  runtime.run<GraphTraits<Direction::backward_filter>>(handle.handle, 0, key, operands.buffers(), out_of_memory,
+                                                       false);
+  runtime.set_miss_policy(MissPolicy::tune);
+  CHECK(runtime.stats().misses == before.misses + 2);
+  CHECK(runtime.stats().fallbacks == before.fallbacks);
   check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
 }
 

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <mutex>
+#include <memory>
 #include <optional>
 #include <shared_mutex>
 #include <tuple>
@@ -256,18 +257,20 @@ Ranking<Traits> merge(const Ranking<Traits>& a, const Ranking<Traits>& b) {
   return Ranking<Traits>::of(all.begin(), all.end());
 }
 
-// One direction's cache: convolution key -> ranking. Safe to use from many threads at once.
+// One direction's cache: convolution key -> ranking. Safe to use from many threads at once. Rankings are
+// immutable once stored: a lookup shares the stored one (a reference count, no copy), and an insert replaces it,
+// so a caller keeps a consistent ranking however long it walks it.
 template <typename Traits>
 class PerfCache {
  public:
   using Entry = std::pair<ConvolutionKey, Ranking<Traits>>;
+  using Shared = std::shared_ptr<const Ranking<Traits>>;
 
-  // The ranking stored for the key, or an empty optional on a miss. A miss never inserts and never throws.
-  std::optional<Ranking<Traits>> find(const ConvolutionKey& key) const {
+  // The ranking stored for the key, or null on a miss. A miss never inserts and never throws.
+  Shared find(const ConvolutionKey& key) const {
     std::shared_lock lock(mutex_);
     const auto found = rankings_.find(key);
-    if (found == rankings_.end()) return std::nullopt;
-    return found->second;
+    return found == rankings_.end() ? nullptr : found->second;
   }
 
   // Stores the ranking under the key, merged with what the key already holds.
@@ -278,8 +281,8 @@ class PerfCache {
                         to_string(static_cast<Direction>(key.direction)), " (", key, ")");
     CUDNN_CACHE_REQUIRE(!ranking.empty(), "cannot cache an empty ranking for ", key);
     std::unique_lock lock(mutex_);
-    const auto [slot, inserted] = rankings_.try_emplace(key, ranking);
-    if (!inserted) slot->second = merge(slot->second, ranking);
+    Shared& slot = rankings_[key];
+    slot = std::make_shared<const Ranking<Traits>>(slot ? merge(*slot, ranking) : ranking);
   }
 
   // Removes the key; returns whether it was there.
@@ -303,7 +306,8 @@ class PerfCache {
     std::vector<Entry> snapshot;
     {
       std::shared_lock lock(mutex_);
-      snapshot.assign(rankings_.begin(), rankings_.end());
+      snapshot.reserve(rankings_.size());
+      for (const auto& [key, ranking] : rankings_) snapshot.emplace_back(key, *ranking);
     }
     std::sort(snapshot.begin(), snapshot.end(), [](const Entry& a, const Entry& b) { return a.first < b.first; });
     return snapshot;
@@ -311,7 +315,7 @@ class PerfCache {
 
  private:
   mutable std::shared_mutex mutex_;
-  std::unordered_map<ConvolutionKey, Ranking<Traits>, KeyHash> rankings_;
+  std::unordered_map<ConvolutionKey, Shared, KeyHash> rankings_;
 };
 
 }  // namespace cudnn_cache

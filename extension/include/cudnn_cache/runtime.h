@@ -20,16 +20,18 @@
 // timing would synchronise the stream and end the capture, so cuDNN's heuristic choice is captured, the key is
 // recorded (stats().capture_misses counts it), and the next call of the key outside a capture tunes it. A
 // captured graph keeps the heuristic choice it captured; capture again after that to replay the tuned one.
-// Tuning explicitly (tune(), tune_graph()) during a capture throws an Error.
+// Tuning explicitly (tune()) during a capture throws an Error.
 // A call that cannot run its best cached candidate (out of memory for the workspace, NOT_SUPPORTED, ...)
-// counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do. So
+// counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do (a
+// heuristic candidate that cannot run passes over nothing cached, so it is no fallback). So
 // does a miss whose key the cache holds for another origin only (a file tuned on another GPU, or with
 // another cuDNN): such entries are never used, and the warning says why this process tunes anyway.
 //
-// The graph API's path (run_graph) is the same walk over engine configs, each run through an execution
-// plan built once per key and config and kept in the plan cache (Note [Plan cache]); a config cuDNN refuses
-// to build (another release, NOT_SUPPORTED) is a fallback like any other. Its last resort is the legacy
-// heuristics. Stored engine configs carry no determinism note, so deterministic calls take the legacy path.
+// Both backends take this one path (Note [One run path]). The graph API's candidates are engine configs, each
+// run through an execution plan built once per key and config and kept in the plan cache (Note [Plan
+// cache]); a config cuDNN refuses to build (another release, NOT_SUPPORTED) is a fallback like any other.
+// The last resort of both is the legacy heuristics. Stored engine configs carry no determinism note, so
+// deterministic calls take the legacy path.
 //
 // Which path a convolution takes is the runtime's backend: graph by default, since on Hopper only the graph
 // API reaches the fastest engines (../shared/context/MEASURED.md); legacy on request, or where this cuDNN
@@ -193,37 +195,28 @@ class Runtime {
   // first time in the process, warns "cudnn_cache: <what>. Counted in stats()['fallbacks']; ...".
   void count_fallback(const std::string& what);
 
-  // Runs the convolution of `key` on the buffers; see Note [Running a cached convolution]. With
-  // `deterministic`, only candidates cuDNN reports as deterministic are run.
+  // Runs the convolution of `key` on the buffers through the backend of Traits (LegacyTraits<D> or
+  // GraphTraits<D>); see Note [Running a cached convolution]. With `deterministic`, only candidates cuDNN reports
+  // as deterministic are run (graph-API calls take the legacy path for that).
   template <typename Traits>
   void run(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
            const WorkspaceAllocator& allocate, bool deterministic);
 
-  // Times every algorithm for `key` now, on the buffers, and stores the ranking (merged with what is there).
-  // The buffer the direction writes is overwritten.
+  // Times every candidate of Traits's backend for `key` now, on the buffers, and stores the ranking (merged with
+  // what is there). The buffer the direction writes is overwritten. Throws Error while the stream captures.
   template <typename Traits>
   Ranking<Traits> tune(cudnnHandle_t handle, int device, const ConvolutionKey& key,
                        const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
 
-  // run() for the graph API's engine configs of direction D; see Note [Running a cached convolution].
-  template <Direction D>
-  void run_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-                 const WorkspaceAllocator& allocate, bool deterministic);
-
-  // tune() for the graph API: times every engine config (search_engine_configs) and stores the best.
-  template <Direction D>
-  Ranking<GraphTraits<D>> tune_graph(cudnnHandle_t handle, int device, const ConvolutionKey& key,
-                                     const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
-
-  // Direction D of the key through the backend: run_graph<D>, or run<LegacyTraits<D>>.
+  // Direction D of the key through the runtime's backend: run<GraphTraits<D>> or run<LegacyTraits<D>>.
   template <Direction D>
   void convolve(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                 const WorkspaceAllocator& allocate, bool deterministic);
 
-  // tune_graph<D>, or tune<LegacyTraits<D>>, as the backend says.
+  // tune<GraphTraits<D>> or tune<LegacyTraits<D>>, as `backend` says.
   template <Direction D>
-  void tune_direction(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-                      const WorkspaceAllocator& allocate);
+  void tune_direction(Backend backend, cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                      const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
 
   // Puts a plan for every graph-API entry of CUDA device `device` into the plan cache, so first calls build
   // nothing: the plan of the first engine config of its ranking that cuDNN builds (a refusal is remembered
@@ -239,6 +232,16 @@ class Runtime {
 
  private:
   static constexpr int kMaxDevices = 64;
+
+  // The cached ranking of the key, or what the miss policy makes of a miss (runtime.cpp).
+  template <typename Traits, typename Chosen>
+  std::shared_ptr<const Ranking<Traits>> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
+                                                const ConvolutionKey& key, Chosen& backend,
+                                                const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
+  // The backend's search, counted in stats() and logged.
+  template <typename Traits, typename Chosen>
+  Ranking<Traits> search(Chosen& backend, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                         const WorkspaceAllocator& allocate);
 
   CacheStore store_;
   std::unique_ptr<PlanCache> plans_;

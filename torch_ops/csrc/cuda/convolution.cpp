@@ -131,27 +131,18 @@ std::int64_t fill_cuda(const at::Tensor& input, const at::Tensor& weight, at::In
   const cudnnHandle_t handle = current_handle();
   rethrow([&] {
     Runtime& runtime = Runtime::instance();
-    runtime.tune_direction<Direction::forward>(handle, device, problem.key_for(Direction::forward),
+    const Backend backend = runtime.backend();
+    runtime.tune_direction<Direction::forward>(backend, handle, device, problem.key_for(Direction::forward),
                                                {x.data_ptr(), w.data_ptr(), scratch_y.data_ptr()}, allocate_workspace);
-    runtime.tune_direction<Direction::backward_data>(handle, device, problem.key_for(Direction::backward_data),
+    runtime.tune_direction<Direction::backward_data>(backend, handle, device, problem.key_for(Direction::backward_data),
                                                      {scratch_x.data_ptr(), w.data_ptr(), y.data_ptr()},
                                                      allocate_workspace);
-    runtime.tune_direction<Direction::backward_filter>(handle, device, problem.key_for(Direction::backward_filter),
+    runtime.tune_direction<Direction::backward_filter>(backend, handle, device,
+                                                       problem.key_for(Direction::backward_filter),
                                                        {x.data_ptr(), scratch_w.data_ptr(), y.data_ptr()},
                                                        allocate_workspace);
   });
   return 3;
-}
-
-template <Direction D>
-void tune_in(Backend backend, cudnnHandle_t handle, int device, const ConvolutionKey& key,
-             const ConvolutionBuffers& buffers) {
-  Runtime& runtime = Runtime::instance();
-  if (backend == Backend::graph) {
-    runtime.tune_graph<D>(handle, device, key, buffers, allocate_workspace);
-  } else {
-    runtime.tune<LegacyTraits<D>>(handle, device, key, buffers, allocate_workspace);
-  }
 }
 
 // Tunes the key through the backend on CUDA device `device` (default: the current one), on tensors made
@@ -167,12 +158,17 @@ std::int64_t tune_key(at::IntArrayRef words, const std::string& backend_name,
   const ConvolutionBuffers buffers = operands.buffers();
   const cudnnHandle_t handle = current_handle();
   rethrow([&] {
+    Runtime& runtime = Runtime::instance();
     switch (static_cast<Direction>(key.direction)) {
-      case Direction::forward: return tune_in<Direction::forward>(backend, handle, device_index, key, buffers);
+      case Direction::forward:
+        return runtime.tune_direction<Direction::forward>(backend, handle, device_index, key, buffers,
+                                                          allocate_workspace);
       case Direction::backward_data:
-        return tune_in<Direction::backward_data>(backend, handle, device_index, key, buffers);
+        return runtime.tune_direction<Direction::backward_data>(backend, handle, device_index, key, buffers,
+                                                                allocate_workspace);
       case Direction::backward_filter:
-        return tune_in<Direction::backward_filter>(backend, handle, device_index, key, buffers);
+        return runtime.tune_direction<Direction::backward_filter>(backend, handle, device_index, key, buffers,
+                                                                  allocate_workspace);
     }
   });
   return 1;

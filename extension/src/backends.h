@@ -1,0 +1,173 @@
+#pragma once
+
+// Note [One run path]
+// ~~~~~~~~~~~~~~~~~~~
+// Runtime::run and Runtime::tune are written once (runtime.cpp): look the key up, apply the miss policy, walk
+// the ranking with fallback, count. What differs between cuDNN's two APIs is only what a candidate is, how a
+// search finds candidates and how one candidate runs, and that is a backend, chosen by the cache's traits
+// (BackendOf): LegacyBackend for cudnnConvolution*Algo_t, GraphBackend for graph-API engine configs. Both
+// have the same shape:
+//   kind                    what a candidate is called in logs and errors
+//   backend                 the Backend it is (for recorded misses)
+//   search(buffers, alloc, options)  times every candidate now and returns them ranked
+//   run(c, best, buffers, alloc)  runs candidate c; "" when it ran, else why it could not (a fallback)
+// The legacy backend also gives cuDNN's heuristic order, the last resort of both (heuristics()).
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cudnn_cache/algorithms.h"
+#include "cudnn_cache/cache_store.h"
+#include "cudnn_cache/descriptors.h"
+#include "cudnn_cache/graph.h"
+#include "cudnn_cache/runtime.h"
+#include "plan_cache.h"
+
+namespace cudnn_cache {
+
+// The legacy API: a candidate is an algorithm and the math type it was measured with.
+template <typename Traits>
+class LegacyBackend {
+ public:
+  static constexpr const char* kind = "algorithm";
+  static constexpr Backend backend = Backend::legacy;
+
+  LegacyBackend(cudnnHandle_t handle, const ConvolutionKey& key) : handle_(handle), key_(key), descriptors_(key) {}
+
+  // cudnnFind*AlgorithmEx, with the largest workspace the allocator can give. It has no options to take.
+  Ranking<Traits> search(const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                         const GraphSearchOptions& /*graph API only*/) {
+    auto [workspace, bytes] = search_workspace(allocate);
+    std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
+    int returned = 0;
+    CUDNN_CACHE_CHECK(Algorithms<Traits>::find(handle_, descriptors_, buffers, Traits::algorithm_count, &returned,
+                                               perfs.data(), workspace ? workspace->data() : nullptr, bytes),
+                      key_);
+    const Ranking<Traits> ranking = Ranking<Traits>::of_perfs(perfs.data(), returned);
+    CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key_);
+    return ranking;
+  }
+
+  std::string run(const Candidate<Traits>& candidate, bool /*best*/, const ConvolutionBuffers& buffers,
+                  const WorkspaceAllocator& allocate) {
+    std::unique_ptr<Workspace> workspace;
+    if (candidate.workspace_bytes > 0 && !(workspace = allocate(candidate.workspace_bytes))) {
+      return detail::concat(Traits::algorithm_name(candidate.algorithm), ": out of memory for a ",
+                            candidate.workspace_bytes, "-byte workspace");
+    }
+    // The candidate was measured with its own math type; run it with that one, as cuDNN reported it.
+    CUDNN_CACHE_CHECK(cudnnSetConvolutionMathType(descriptors_.convolution.get(), candidate.math_type));
+    const cudnnStatus_t status =
+        Algorithms<Traits>::execute(handle_, descriptors_, candidate.algorithm, buffers,
+                                    workspace ? workspace->data() : nullptr, candidate.workspace_bytes);
+    if (status == CUDNN_STATUS_SUCCESS) return {};
+    return detail::concat(Traits::algorithm_name(candidate.algorithm), ": ", cudnnGetErrorString(status));
+  }
+
+  // cuDNN's heuristic order for the key, as candidates (not ranked: the order is cuDNN's).
+  std::vector<Candidate<Traits>> heuristics() {
+    std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
+    int returned = 0;
+    CUDNN_CACHE_CHECK(
+        Algorithms<Traits>::heuristics(handle_, descriptors_, Traits::algorithm_count, &returned, perfs.data()), key_);
+    std::vector<Candidate<Traits>> candidates;
+    for (int i = 0; i < returned; ++i) candidates.push_back(Candidate<Traits>::from_perf(perfs[i]));
+    return candidates;
+  }
+
+ private:
+  // Find needs one workspace big enough for the hungriest algorithm: ask for the most any algorithm wants and
+  // halve until the allocator can give it (algorithms that need more then report an allocation failure).
+  std::pair<std::unique_ptr<Workspace>, std::size_t> search_workspace(const WorkspaceAllocator& allocate) {
+    std::size_t bytes = 0;
+    for (int algorithm = 0; algorithm < Traits::algorithm_count; ++algorithm) {
+      std::size_t needed = 0;
+      if (Algorithms<Traits>::workspace_size(handle_, descriptors_,
+                                             static_cast<typename Traits::Algorithm>(algorithm),
+                                             &needed) == CUDNN_STATUS_SUCCESS) {
+        bytes = std::max(bytes, needed);
+      }
+    }
+    for (; bytes > 0; bytes /= 2) {
+      if (auto workspace = allocate(bytes)) return {std::move(workspace), bytes};
+    }
+    return {nullptr, 0};
+  }
+
+  cudnnHandle_t handle_;
+  const ConvolutionKey& key_;
+  ConvolutionDescriptors descriptors_;
+};
+
+// The graph API: a candidate is an engine config, run through the execution plan the plan cache keeps for it.
+template <Direction D>
+class GraphBackend {
+ public:
+  static constexpr const char* kind = "engine config";
+  static constexpr Backend backend = Backend::graph;
+
+  GraphBackend(cudnnHandle_t handle, int device, const ConvolutionKey& key, PlanCache& plans, PlanStore& stored)
+      : handle_(handle), device_(device), key_(key), plans_(plans), stored_(stored) {}
+
+  // search_engine_configs; the plan it built for the best config is kept, not built again.
+  Ranking<GraphTraits<D>> search(const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                                 const GraphSearchOptions& options) {
+    std::shared_ptr<const GraphPlan> best_plan;
+    const std::vector<EngineCandidate> configs =
+        search_engine_configs(handle_, key_, buffers, allocate, options, &best_plan);
+    if (best_plan) plans_.adopt(device_, key_, configs.front(), std::move(best_plan), stored_);
+    return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
+  }
+
+  std::string run(const EngineCandidate& config, bool best, const ConvolutionBuffers& buffers,
+                  const WorkspaceAllocator& allocate) {
+    const PlanCache::Entry& entry = plans_.get(handle_, device_, key_, config, stored_, best);
+    if (!entry.plan) return entry.refusal;
+    const GraphPlan& plan = *entry.plan;
+    std::unique_ptr<Workspace> workspace;
+    if (plan.workspace_bytes() > 0 && !(workspace = allocate(plan.workspace_bytes()))) {
+      return detail::concat(to_string(config), ": out of memory for a ", plan.workspace_bytes(), "-byte workspace");
+    }
+    try {
+      plan.execute(handle_, buffers, workspace ? workspace->data() : nullptr);
+    } catch (const Error& e) {
+      return detail::concat(to_string(config), ": ", e.what());
+    }
+    return {};
+  }
+
+ private:
+  cudnnHandle_t handle_;
+  int device_;
+  const ConvolutionKey& key_;
+  PlanCache& plans_;
+  PlanStore& stored_;
+};
+
+// The backend of a cache's traits.
+template <typename Traits>
+struct BackendOf {
+  using type = LegacyBackend<Traits>;
+};
+template <Direction D>
+struct BackendOf<GraphTraits<D>> {
+  using type = GraphBackend<D>;
+};
+
+template <typename Traits>
+inline constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
+
+// The backend of Traits for one call of `key`.
+template <typename Traits>
+typename BackendOf<Traits>::type backend_for(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                             PlanCache& plans, DirectionCaches& caches) {
+  if constexpr (is_graph<Traits>) {
+    return {handle, device, key, plans, caches.plans};
+  } else {
+    return {handle, key};
+  }
+}
+
+}  // namespace cudnn_cache
