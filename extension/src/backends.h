@@ -43,7 +43,7 @@ class LegacyBackend {
     std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
     int returned = 0;
     CUDNN_CACHE_CHECK(Algorithms<Traits>::find(handle_, descriptors_, buffers, Traits::algorithm_count, &returned,
-                                               perfs.data(), workspace ? workspace->data() : nullptr, bytes),
+                                               perfs.data(), workspace.data(), bytes),
                       key_);
     const Ranking<Traits> ranking = Ranking<Traits>::of_perfs(perfs.data(), returned);
     CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key_);
@@ -52,7 +52,7 @@ class LegacyBackend {
 
   std::string run(const Candidate<Traits>& candidate, bool /*best*/, const ConvolutionBuffers& buffers,
                   const WorkspaceAllocator& allocate) {
-    std::unique_ptr<Workspace> workspace;
+    Workspace workspace;
     if (candidate.workspace_bytes > 0 && !(workspace = allocate(candidate.workspace_bytes))) {
       return detail::concat(Traits::algorithm_name(candidate.algorithm), ": out of memory for a ",
                             candidate.workspace_bytes, "-byte workspace");
@@ -61,7 +61,7 @@ class LegacyBackend {
     CUDNN_CACHE_CHECK(cudnnSetConvolutionMathType(descriptors_.convolution.get(), candidate.math_type));
     const cudnnStatus_t status =
         Algorithms<Traits>::execute(handle_, descriptors_, candidate.algorithm, buffers,
-                                    workspace ? workspace->data() : nullptr, candidate.workspace_bytes);
+                                    workspace.data(), candidate.workspace_bytes);
     if (status == CUDNN_STATUS_SUCCESS) return {};
     return detail::concat(Traits::algorithm_name(candidate.algorithm), ": ", cudnnGetErrorString(status));
   }
@@ -80,7 +80,7 @@ class LegacyBackend {
  private:
   // Find needs one workspace big enough for the hungriest algorithm: ask for the most any algorithm wants and
   // halve until the allocator can give it (algorithms that need more then report an allocation failure).
-  std::pair<std::unique_ptr<Workspace>, std::size_t> search_workspace(const WorkspaceAllocator& allocate) {
+  std::pair<Workspace, std::size_t> search_workspace(const WorkspaceAllocator& allocate) {
     std::size_t bytes = 0;
     for (int algorithm = 0; algorithm < Traits::algorithm_count; ++algorithm) {
       std::size_t needed = 0;
@@ -93,7 +93,7 @@ class LegacyBackend {
     for (; bytes > 0; bytes /= 2) {
       if (auto workspace = allocate(bytes)) return {std::move(workspace), bytes};
     }
-    return {nullptr, 0};
+    return {Workspace(), 0};
   }
 
   cudnnHandle_t handle_;
@@ -126,12 +126,12 @@ class GraphBackend {
     const PlanCache::Entry& entry = plans_.get(handle_, device_, key_, config, stored_, best);
     if (!entry.plan) return entry.refusal;
     const GraphPlan& plan = *entry.plan;
-    std::unique_ptr<Workspace> workspace;
+    Workspace workspace;
     if (plan.workspace_bytes() > 0 && !(workspace = allocate(plan.workspace_bytes()))) {
       return detail::concat(to_string(config), ": out of memory for a ", plan.workspace_bytes(), "-byte workspace");
     }
     try {
-      plan.execute(handle_, buffers, workspace ? workspace->data() : nullptr);
+      plan.execute(handle_, buffers, workspace.data());
     } catch (const Error& e) {
       return detail::concat(to_string(config), ": ", e.what());
     }

@@ -168,12 +168,12 @@ class L2Flush {
     buffer_ = allocate(bytes_);  // without memory for it, timing goes on unflushed
   }
   void operator()(cudaStream_t stream) const {
-    if (buffer_) cudaMemsetAsync(buffer_->data(), 0, bytes_, stream);
+    if (buffer_) cudaMemsetAsync(buffer_.data(), 0, bytes_, stream);
   }
 
  private:
   std::size_t bytes_ = 0;
-  std::unique_ptr<Workspace> buffer_;
+  Workspace buffer_;
 };
 
 // How one built plan is timed.
@@ -353,12 +353,12 @@ class EngineSearch {
       const std::int64_t replayable = add_plan(*graph_, *config);
       return replayable >= 0 && time(replayable, false);
     }
-    std::unique_ptr<Workspace> workspace;
+    Workspace workspace;
     if (config->workspace_bytes > 0 && !(workspace = allocate_(config->workspace_bytes))) return false;  // OOM
     Timing timing{options_.warmup, options_.repetitions, &flush_};
     if (best_ms_ < std::numeric_limits<float>::infinity()) timing.give_up_ms = best_ms_ * options_.give_up_ratio;
     const std::vector<float> times =
-        time_plan(*graph_, handle_, pack_, workspace ? workspace->data() : nullptr, index, timing);
+        time_plan(*graph_, handle_, pack_, workspace.data(), index, timing);
     if (times.empty()) return false;
     config->time_ms = median(times);
     best_ms_ = std::min(best_ms_, config->time_ms);
@@ -381,12 +381,12 @@ class EngineSearch {
     if (finalists.size() < 2) return;
     std::uint64_t bytes = 0;
     for (std::size_t i : finalists) bytes = std::max(bytes, configs_[i].workspace_bytes);
-    std::unique_ptr<Workspace> workspace;
+    Workspace workspace;
     if (bytes > 0 && !(workspace = allocate_(bytes))) return;
     std::vector<std::vector<float>> times(finalists.size());
     for (int round = 0; round < options_.repetitions; ++round) {
       for (std::size_t f = 0; f < finalists.size(); ++f) {
-        const std::vector<float> run = time_plan(*graph_, handle_, pack_, workspace ? workspace->data() : nullptr,
+        const std::vector<float> run = time_plan(*graph_, handle_, pack_, workspace.data(),
                                                  indices_[finalists[f]],
                                                  Timing{round == 0 ? options_.warmup : 0, 1, &flush_});
         if (run.empty()) return;  // it ran before; if it fails now, keep what was measured then
@@ -496,10 +496,10 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
     // Native runs this very plan, whatever its knobs; a config that leaves some out only labels it.
     bool complete = true;
     std::optional<EngineCandidate> config = describe_plan(*graph, index, &complete);
-    std::unique_ptr<Workspace> workspace;
+    Workspace workspace;
     if (!config || (config->workspace_bytes > 0 && !(workspace = allocate(config->workspace_bytes)))) continue;
     const std::vector<float> sample =
-        time_plan(*graph, handle, pack, workspace ? workspace->data() : nullptr, index, Timing{1, 1});
+        time_plan(*graph, handle, pack, workspace.data(), index, Timing{1, 1});
     if (sample.empty()) continue;
     if (heuristic_index < 0) {
       heuristic_index = index;
@@ -525,12 +525,12 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   struct Contender {
     std::int64_t index;
     const EngineCandidate* config;
-    std::unique_ptr<Workspace> workspace;
+    Workspace workspace;
     std::vector<float> times;
   };
   std::vector<Contender> contenders;
   const auto contend = [&](std::int64_t index, const EngineCandidate& config) {
-    Contender contender{index, &config, nullptr, {}};
+    Contender contender{index, &config, Workspace(), {}};
     const std::uint64_t bytes = config.workspace_bytes;
     CUDNN_CACHE_REQUIRE(bytes == 0 || (contender.workspace = allocate(bytes)), "out of memory for a ", bytes,
                         "-byte workspace while auditing ", key);
@@ -548,7 +548,7 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
       benchmark_index == heuristic_index ? heuristic_at : native_at(benchmark_index, audit.benchmark);
   for (int round = 0; round < options.repetitions; ++round) {
     for (Contender& contender : contenders) {
-      void* workspace = contender.workspace ? contender.workspace->data() : nullptr;
+      void* workspace = contender.workspace.data();
       const std::vector<float> times = time_plan(*graph, handle, pack, workspace, contender.index,
                                                  Timing{round == 0 ? options.warmup : 0, 1, &flush});
       CUDNN_CACHE_REQUIRE(!times.empty(), "cuDNN graph API: ", to_string(*contender.config),

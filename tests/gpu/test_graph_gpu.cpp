@@ -21,21 +21,13 @@ using namespace cudnn_cache;
 
 namespace {
 
-class DeviceWorkspace : public Workspace {
- public:
-  explicit DeviceWorkspace(std::size_t bytes) { cudaMalloc(&data_, bytes); }
-  ~DeviceWorkspace() override { cudaFree(data_); }
-  void* data() override { return data_; }
-  bool ok() const { return data_ != nullptr; }
-
- private:
-  void* data_ = nullptr;
-};
-
-std::unique_ptr<Workspace> allocate(std::size_t bytes) {
-  auto workspace = std::make_unique<DeviceWorkspace>(bytes);
-  if (!workspace->ok()) return nullptr;
-  return workspace;
+Workspace allocate(std::size_t bytes) {
+  void* data = nullptr;
+  if (cudaMalloc(&data, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return Workspace();
+  }
+  return Workspace(data, data, [](void* memory) { cudaFree(memory); });
 }
 
 std::size_t element_bytes(std::int32_t type) {
@@ -146,10 +138,10 @@ void run_legacy(cudnnHandle_t handle, const ConvolutionKey& key, const Convoluti
           CUDNN_STATUS_SUCCESS);
   for (int i = 0; i < returned; ++i) {
     if (perfs[i].status != CUDNN_STATUS_SUCCESS) continue;
-    auto workspace = perfs[i].memory > 0 ? allocate(perfs[i].memory) : nullptr;
+    auto workspace = perfs[i].memory > 0 ? allocate(perfs[i].memory) : Workspace();
     cudnnSetConvolutionMathType(descriptors.convolution.get(), perfs[i].mathType);
     if (Algorithms<Traits>::execute(handle, descriptors, perfs[i].algo, buffers,
-                                    workspace ? workspace->data() : nullptr, perfs[i].memory) == CUDNN_STATUS_SUCCESS) {
+                                    workspace.data(), perfs[i].memory) == CUDNN_STATUS_SUCCESS) {
       return;
     }
   }
@@ -241,8 +233,8 @@ TEST_CASE("the best engine config, replayed alone, computes what the legacy API 
                         << to_string(configs.front()) << " " << configs.front().time_ms << " ms");
 
       const GraphPlan plan(handle.handle, key, configs.front());
-      auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : nullptr;
-      plan.execute(handle.handle, buffers, workspace ? workspace->data() : nullptr);
+      auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : Workspace();
+      plan.execute(handle.handle, buffers, workspace.data());
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
       const std::vector<double> graph_result = operands.written->read();
 
@@ -382,12 +374,12 @@ TEST_CASE("a runtime-compiled plan serializes, restores without compiling, and c
                          << restore_ms << " ms");
   CHECK(restored.workspace_bytes() == built.workspace_bytes());
 
-  auto workspace = built.workspace_bytes() > 0 ? allocate(built.workspace_bytes()) : nullptr;
-  built.execute(handle.handle, operands.buffers(), workspace ? workspace->data() : nullptr);
+  auto workspace = built.workspace_bytes() > 0 ? allocate(built.workspace_bytes()) : Workspace();
+  built.execute(handle.handle, operands.buffers(), workspace.data());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const std::vector<double> expected = operands.written->read();
   cudaMemset(operands.y.data, 0, operands.y.count * element_bytes(operands.y.type));
-  restored.execute(handle.handle, operands.buffers(), workspace ? workspace->data() : nullptr);
+  restored.execute(handle.handle, operands.buffers(), workspace.data());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(relative_difference(operands.written->read(), expected) == 0.0);
 
@@ -451,7 +443,7 @@ TEST_CASE("a stored config whose workspace cannot be allocated falls back to the
   second.time_ms = 0.002f;
   runtime.caches_for_device(0).graph_backward_filter.insert(key,
                                                             Ranking<GraphBackwardFilterTraits>::of({first, second}));
-  const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
+  const WorkspaceAllocator out_of_memory = [](std::size_t) { return Workspace(); };
   const Stats before = runtime.stats();
   runtime.run<GraphTraits<Direction::backward_filter>>(handle.handle, 0, key, operands.buffers(), out_of_memory, false);
   CHECK(runtime.stats().hits == before.hits + 1);
@@ -468,7 +460,7 @@ TEST_CASE("both backends count fallbacks the same way: a cached candidate passed
   std::mt19937 random(13);
   Operands operands(key, random);
   DirectionCaches& caches = runtime.caches_for_device(0);
-  const WorkspaceAllocator out_of_memory = [](std::size_t) -> std::unique_ptr<Workspace> { return nullptr; };
+  const WorkspaceAllocator out_of_memory = [](std::size_t) { return Workspace(); };
 
   // Legacy: the first cached algorithm needs a workspace the allocator refuses; the second needs none.
   using Legacy = BackwardFilterTraits;
@@ -617,7 +609,7 @@ TEST_CASE("a heuristic config with knobs cudnn-frontend cannot name is timed as 
   // The search timed the same engine, not the next heuristic config it could describe.
   CHECK(first.front().engine_id == audit.heuristic.config.engine_id);
   const GraphPlan plan(handle.handle, key, first.front());
-  auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : nullptr;
-  plan.execute(handle.handle, operands.buffers(), workspace ? workspace->data() : nullptr);
+  auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : Workspace();
+  plan.execute(handle.handle, operands.buffers(), workspace.data());
   check_matches_legacy(handle.handle, key, operands, 1e-2);
 }

@@ -47,6 +47,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cudnn_cache/algorithms.h"
@@ -117,15 +118,45 @@ template <Direction D>
 using LegacyTraits = std::tuple_element_t<static_cast<std::size_t>(D),
                                           std::tuple<ForwardTraits, BackwardDataTraits, BackwardFilterTraits>>;
 
-// Device memory for a cuDNN workspace, released when destroyed.
+// Device memory for a cuDNN workspace, given back by `release(context)` when destroyed; empty (no data) when the
+// allocator had none. A value: a call that needs a workspace allocates nothing on the host for it.
 class Workspace {
  public:
-  virtual ~Workspace() = default;
-  virtual void* data() = 0;
+  using Release = void (*)(void* context);
+
+  Workspace() = default;
+  Workspace(void* data, void* context, Release release) : data_(data), context_(context), release_(release) {}
+  Workspace(Workspace&& other) noexcept { *this = std::move(other); }
+  Workspace& operator=(Workspace&& other) noexcept {
+    if (this != &other) {
+      reset();
+      std::swap(data_, other.data_);
+      std::swap(context_, other.context_);
+      std::swap(release_, other.release_);
+    }
+    return *this;
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() { reset(); }
+
+  void* data() const { return data_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  void reset() {
+    if (release_ != nullptr) release_(context_);
+    data_ = context_ = nullptr;
+    release_ = nullptr;
+  }
+
+  void* data_ = nullptr;
+  void* context_ = nullptr;
+  Release release_ = nullptr;
 };
 
-// Returns a workspace of at least `bytes` bytes, or null when the device has no memory for it.
-using WorkspaceAllocator = std::function<std::unique_ptr<Workspace>(std::size_t bytes)>;
+// Returns a workspace of at least `bytes` bytes, or an empty one when the device has no memory for it.
+using WorkspaceAllocator = std::function<Workspace(std::size_t bytes)>;
 
 // How the graph API's search times candidates; see Note [Engine configs].
 struct GraphSearchOptions {

@@ -11,22 +11,16 @@
 namespace cudnn_cache::torch_ops {
 namespace {
 
-class CachingAllocatorWorkspace : public Workspace {
- public:
-  explicit CachingAllocatorWorkspace(c10::DataPtr memory) : memory_(std::move(memory)) {}
-  void* data() override { return memory_.get(); }
-
- private:
-  c10::DataPtr memory_;
-};
-
 }  // namespace
 
-std::unique_ptr<Workspace> allocate_workspace(std::size_t bytes) {
+Workspace allocate_workspace(std::size_t bytes) {
   try {
-    return std::make_unique<CachingAllocatorWorkspace>(c10::cuda::CUDACachingAllocator::get()->allocate(bytes));
+    c10::DataPtr memory = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);
+    void* data = memory.get();
+    const c10::DeleterFnPtr release = memory.get_deleter();
+    return Workspace(data, memory.release_context(), release);
   } catch (const c10::OutOfMemoryError&) {
-    return nullptr;
+    return Workspace();
   }
 }
 

@@ -16,8 +16,8 @@
 
 namespace cudnn_cache::torch_ops {
 
-// Workspace from PyTorch's caching allocator; null when the device is out of memory, so the core moves on.
-std::unique_ptr<Workspace> allocate_workspace(std::size_t bytes);
+// Workspace from PyTorch's caching allocator; empty when the device is out of memory, so the core moves on.
+Workspace allocate_workspace(std::size_t bytes);
 
 // PyTorch's cuDNN handle for the current device, set to the current CUDA stream.
 cudnnHandle_t current_handle();
