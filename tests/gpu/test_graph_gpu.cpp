@@ -9,11 +9,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "cudnn_cache/graph.h"
 
@@ -488,6 +492,70 @@ TEST_CASE("both backends count fallbacks the same way: a cached candidate passed
   CHECK(runtime.stats().misses == before.misses + 2);
   CHECK(runtime.stats().fallbacks == before.fallbacks);
   check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
+}
+
+// Issue 15, item 4: the plan cache shares one execution plan per key and config between threads (and handles),
+// where PyTorch keeps its plans thread-local. This runs the same keys from many threads at once, each with its own
+// handle and stream, and compares every thread's result with one thread's.
+TEST_CASE("threads on their own streams run the same keys at once and compute what one thread computes",
+          "[gpu][graph][runtime][threads]") {
+  constexpr int kThreads = 8;
+  constexpr int kIterations = 25;
+  Runtime& runtime = Runtime::instance();
+  for (const Problem& problem : {problems()[0], problems()[1]}) {
+    for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+      ConvolutionKey key = problem.key;
+      key.direction = static_cast<std::int32_t>(direction);
+      INFO(problem.name << ": " << key);
+      std::mt19937 reference_random(7);
+      Operands reference(key, reference_random);
+      {
+        Handle handle;
+        run_graph(runtime, handle.handle, key, reference.buffers());  // tunes the key: the threads then hit
+      }
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      const std::vector<double> expected = reference.written->read();
+
+      std::vector<std::vector<double>> results(kThreads);
+      std::mutex failures_mutex;
+      std::vector<std::string> failures;  // Catch2 is not thread-safe: threads report here
+      std::atomic<int> ready{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          cudnnHandle_t handle = nullptr;
+          cudaStream_t stream = nullptr;
+          try {
+            CUDNN_CACHE_REQUIRE(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+            CUDNN_CACHE_CHECK(cudnnCreate(&handle));
+            CUDNN_CACHE_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, "stream");
+            CUDNN_CACHE_CHECK(cudnnSetStream(handle, stream));
+            std::mt19937 random(7);
+            Operands operands(key, random);  // the reference's inputs
+            ++ready;
+            while (ready.load() < kThreads) std::this_thread::yield();  // start together
+            for (int i = 0; i < kIterations; ++i) run_graph(runtime, handle, key, operands.buffers());
+            CUDNN_CACHE_REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess, "synchronize");
+            results[t] = operands.written->read();
+          } catch (const std::exception& e) {
+            ++ready;
+            const std::lock_guard lock(failures_mutex);
+            failures.push_back(e.what());
+          }
+          if (handle != nullptr) cudnnDestroy(handle);
+          if (stream != nullptr) cudaStreamDestroy(stream);
+        });
+      }
+      for (std::thread& thread : threads) thread.join();
+      CHECK(failures.empty());
+      for (const std::string& failure : failures) WARN(failure);
+      for (int t = 0; t < kThreads; ++t) {
+        INFO("thread " << t);
+        REQUIRE(results[t].size() == expected.size());
+        CHECK(relative_difference(results[t], expected) <= problem.tolerance);
+      }
+    }
+  }
 }
 
 namespace {
