@@ -16,14 +16,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench.py"
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+sys.path.insert(0, str(SCRIPT.parent))  # the bench's modules import one another by name, as the script does
+import bench  # noqa: E402
+import bench_cases  # noqa: E402
+import bench_report  # noqa: E402
 
 # workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms), from MEASURED.md
 # (MobileNetV2's made up)
@@ -75,11 +71,11 @@ def synthetic_report() -> dict:
                 "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 5}
                             for name, us in (("native_heuristic", 8.0), ("native_benchmark", 7.5), ("op", 9.0),
                                              ("functional", 10.0))}}
-    settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench.MODES), "backend": "graph", "quick": False,
+    settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench_cases.MODES), "backend": "graph", "quick": False,
                 "steps": 30, "warmup": 5, "timeout_s": 180.0, "device": "cuda"}
     environment = {"date": "2026-11-29T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
                    "cuda": "13.0", "cudnn": 91900, "cudnn_allow_tf32": True, "python": "3.11", "host": "test"}
-    return {"environment": environment, "settings": settings, "notes": bench.notes(settings), "cases": cases,
+    return {"environment": environment, "settings": settings, "notes": bench_report.notes(settings), "cases": cases,
             "overhead": overhead}
 
 
@@ -116,8 +112,8 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert len(data["targets"]) == 6 * 5 + 1 and data["targets"] == report["targets"]
 
     assert (tmp_path / "bench.md").read_text() == markdown
-    for title, columns in (("First step and start-up", bench.START_COLUMNS),
-                           ("Steady state", bench.STEADY_COLUMNS)):
+    for title, columns in (("First step and start-up", bench_report.START_COLUMNS),
+                           ("Steady state", bench_report.STEADY_COLUMNS)):
         rows = table_rows(section(markdown, title))
         assert len(rows) == 2 + 24 and len(rows[0]) == len(columns)
         assert all(len(row) == len(columns) for row in rows), f"{title}: every row has as many cells as the header"
@@ -148,7 +144,7 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
 def test_targets_met_missed_and_without_data(tmp_path):
     report = synthetic_report()
     markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
-    targets = {(t["workload"], t["target"].split(" ≤")[0]): t for t in bench.check_targets(report)}
+    targets = {(t["workload"], t["target"].split(" ≤")[0]): t for t in bench_report.check_targets(report)}
     assert all(set(t) >= {"workload", "target", "value", "limit", "met"} for t in targets.values())
 
     first = targets[("resnet50_fp32", "warm first step")]
@@ -261,7 +257,7 @@ def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
     combined = json.loads((tmp_path / "out" / "all.json").read_text())
     assert len(combined["cases"]) == len(full["cases"]) and combined["overhead"] == full["overhead"]
     assert [p["workloads"] for p in combined["settings"]["parts"]] == [workloads[:1], workloads[1:]]
-    assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench.check_targets(full)}
+    assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench_report.check_targets(full)}
 
     other = json.loads(parts[1].read_text())
     other["environment"]["gpu"] = "NVIDIA A100"
@@ -295,7 +291,7 @@ def test_bad_arguments_exit_2(arguments):
 
 def test_default_arguments():
     args = bench.parse_args([])
-    assert args.workloads == [*bench.WORKLOADS, "overhead"] and args.modes == list(bench.MODES)
+    assert args.workloads == [*bench.WORKLOADS, "overhead"] and args.modes == list(bench_cases.MODES)
     assert (args.steps, args.warmup, args.device, args.backend, args.quick) == (30, 5, "cuda", "graph", False)
     assert args.json == args.output_dir / "bench.json" and args.output_dir == ROOT / "docs"
     assert list(bench.WORKLOADS).index("mobilenet_v2_bf16_cl") == list(bench.WORKLOADS).index("resnet18_fp16_cl") + 1
@@ -318,30 +314,30 @@ def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
 
     rows = [row(1.0, 1.0, 1.0, "tie"), row(1.01, 1.0, 2.0, "within noise"), row(1.5, 1.0, 1.2, "slower"),
             row(0.5, 1.0, 1.0, "faster")]
-    summary = bench.summarize_audit(rows)
+    summary = bench_cases.summarize_audit(rows)
     assert summary["keys"] == 4 and summary["slower_than_native"] == 1 and summary["faster_than_native"] == 1
     assert summary["resolution_us"] == 0.0
     # A tiny key 10% slower by 0.002 ms, where the audit timed a config 0.003 ms apart from itself: a tie.
-    resolved = bench.summarize_audit(rows[:1] + [row(0.022, 0.020, 0.021, "tiny"), row(0.05, 0.05, 0.05, "self", 0.053)])
+    resolved = bench_cases.summarize_audit(rows[:1] + [row(0.022, 0.020, 0.021, "tiny"), row(0.05, 0.05, 0.05, "self", 0.053)])
     assert resolved["resolution_us"] == pytest.approx(3.0) and resolved["slower_than_native"] == 0
-    assert bench.summarize_audit(rows + [row(0.05, 0.05, 0.05, "self", 0.053)])["slower_than_native"] == 1
+    assert bench_cases.summarize_audit(rows + [row(0.05, 0.05, 0.05, "self", 0.053)])["slower_than_native"] == 1
     assert summary["worst_ratio"] == pytest.approx(1.5) and summary["worst_key"] == "forward slower"
     assert summary["geomean_vs_heuristic"] == pytest.approx((1.0 * 1.01 * 1.5 * 0.5) ** 0.25)
     assert summary["stored_total_ms"] == pytest.approx(4.01)
-    assert bench.summarize_audit([]) == {"keys": 0, "rows": []}
+    assert bench_cases.summarize_audit([]) == {"keys": 0, "rows": []}
 
     summary["seconds"] = 3.0
     case = {"workload": "seed", "mode": "cache_cold", "audit": summary}
-    lines = bench.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
-    assert "## Per-key audit" in lines and any(bench.workload_label("seed") in line and "| 4 | 0.0 us | 1 | 1 |" in line
+    lines = bench_report.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
+    assert "## Per-key audit" in lines and any(bench_report.workload_label("seed") in line and "| 4 | 0.0 us | 1 | 1 |" in line
                                                for line in lines)
-    assert bench.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
+    assert bench_report.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
 
 
 def test_quick_arguments():
     args = bench.parse_args(["--quick"])
     assert args.workloads == ["seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", "overhead"]
-    assert (args.steps, args.warmup, args.modes) == (20, 3, list(bench.MODES))
+    assert (args.steps, args.warmup, args.modes) == (20, 3, list(bench_cases.MODES))
     args = bench.parse_args(["--quick", "--workloads", "conv3d_fp32", "--steps", "25", "--warmup", "0"])
     assert (args.workloads, args.steps, args.warmup) == (["conv3d_fp32"], 25, 0)
 
@@ -351,7 +347,7 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
                       "--output-dir", tmp_path, "--json", tmp_path / "raw.json")
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((tmp_path / "raw.json").read_text())
-    assert [c["mode"] for c in data["cases"]] == list(bench.MODES)
+    assert [c["mode"] for c in data["cases"]] == list(bench_cases.MODES)
     for case in data["cases"]:
         assert "error" not in case, case
         assert len(case["steps_ms"]) == 20 and case["convolutions"] == 2 and case["first_s"] > 0
