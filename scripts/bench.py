@@ -34,7 +34,7 @@ Targets, checked per workload from its cases and once for the op's host overhead
     cold tuning time (cache_cold first step - steady step) <= native_benchmark first step;
     intercepted steady <= 1.02 x the converted model's (cache_warm) steady, with nothing tuned;
     with --audit, no key whose stored choice is > 2% slower than a native choice measured the same way, by
-    more than the audit's resolution (the widest gap it measured between a stored config and itself);
+    more than that key's resolution (the gap between its own two timings of its stored config);
     the op's host time per call <= the better native's + 2 us.
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):

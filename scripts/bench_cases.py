@@ -219,29 +219,32 @@ AUDIT_NOISE = 1.02  # an audited time within 2% of another counts as a tie
 
 def summarize_audit(rows: List[dict]) -> dict:
     """cudnn_cache.audit()'s rows, summarised: per key, the stored choice's time over the faster of the two
-    native choices (all measured the same way); how many keys are slower than that by more than AUDIT_NOISE
-    and by more than the audit's resolution; the geometric means against each native mode; and the worst key.
+    native choices (all measured the same way) and the key's resolution; how many keys are slower than native
+    by more than AUDIT_NOISE and by more than their own resolution; the geometric means against each native
+    mode; and the worst key. Each row gains resolution_us and slower_than_native.
 
-    The resolution is the widest gap the audit measured between a stored config and itself (stored_again_ms):
-    a kernel of 10 us times within about 1 us of itself, 10%, so a smaller gap says nothing about which of
-    two configs is faster."""
+    A key's resolution is the gap between its stored config's two timings (stored_ms and stored_again_ms, taken
+    in the same rounds): a kernel of 10 us times within about 1 us of itself, 10%, so a smaller gap says nothing
+    about which of two configs is faster. Each key is judged by its own, not by the noisiest key of the
+    workload. A row without stored_again_ms (an older build) has resolution 0."""
     summary = {"keys": len(rows), "rows": rows}
     if not rows:
         return summary
     native = [min(row["heuristic_ms"], row["benchmark_ms"]) for row in rows]
     ratios = [row["stored_ms"] / best for row, best in zip(rows, native)]
     worst = max(range(len(rows)), key=ratios.__getitem__)
-    resolution_ms = max((abs(row["stored_ms"] - row["stored_again_ms"]) for row in rows if "stored_again_ms" in row),
-                        default=0.0)
-    slower = [ratio > AUDIT_NOISE and row["stored_ms"] - best > resolution_ms
-              for row, best, ratio in zip(rows, native, ratios)]
+    for row, best, key_ratio in zip(rows, native, ratios):
+        resolution_ms = abs(row["stored_ms"] - row.get("stored_again_ms", row["stored_ms"]))
+        row["resolution_us"] = 1e3 * resolution_ms
+        row["slower_than_native"] = key_ratio > AUDIT_NOISE and row["stored_ms"] - best > resolution_ms
+    resolutions = [row["resolution_us"] for row in rows]
 
     def geomean(values):
         return math.exp(statistics.fmean(math.log(v) for v in values))
 
     summary.update(
-        resolution_us=1e3 * resolution_ms,
-        slower_than_native=sum(slower),
+        resolution_us_median=statistics.median(resolutions), resolution_us_max=max(resolutions),
+        slower_than_native=sum(row["slower_than_native"] for row in rows),
         faster_than_native=sum(r < 1 / AUDIT_NOISE for r in ratios),
         geomean_vs_heuristic=geomean([r["stored_ms"] / r["heuristic_ms"] for r in rows]),
         geomean_vs_benchmark=geomean([r["stored_ms"] / r["benchmark_ms"] for r in rows]),

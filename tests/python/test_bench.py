@@ -306,21 +306,20 @@ def test_tuning_arguments_are_typed_and_passed_to_each_case():
     assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
 
 
-def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
-    def row(stored, heuristic, benchmark, key, again=None):
-        return {"direction": "forward", "key": key, "stored_ms": stored, "heuristic_ms": heuristic,
-                "benchmark_ms": benchmark, "stored_engine": "engine 1", "heuristic_engine": "engine 2",
-                "benchmark_engine": "engine 3", "stored_again_ms": stored if again is None else again}
+def audit_row(stored, heuristic, benchmark, key, again=None):
+    """A row as cudnn_cache.audit() returns it; `again` is the stored config's second timing (default: the same)."""
+    return {"direction": "forward", "key": key, "stored_ms": stored, "heuristic_ms": heuristic,
+            "benchmark_ms": benchmark, "stored_engine": "engine 1", "heuristic_engine": "engine 2",
+            "benchmark_engine": "engine 3", "stored_again_ms": stored if again is None else again}
 
-    rows = [row(1.0, 1.0, 1.0, "tie"), row(1.01, 1.0, 2.0, "within noise"), row(1.5, 1.0, 1.2, "slower"),
-            row(0.5, 1.0, 1.0, "faster")]
+
+def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
+    rows = [audit_row(1.0, 1.0, 1.0, "tie"), audit_row(1.01, 1.0, 2.0, "within noise"),
+            audit_row(1.5, 1.0, 1.2, "slower"), audit_row(0.5, 1.0, 1.0, "faster")]
     summary = bench_cases.summarize_audit(rows)
     assert summary["keys"] == 4 and summary["slower_than_native"] == 1 and summary["faster_than_native"] == 1
-    assert summary["resolution_us"] == 0.0
-    # A tiny key 10% slower by 0.002 ms, where the audit timed a config 0.003 ms apart from itself: a tie.
-    resolved = bench_cases.summarize_audit(rows[:1] + [row(0.022, 0.020, 0.021, "tiny"), row(0.05, 0.05, 0.05, "self", 0.053)])
-    assert resolved["resolution_us"] == pytest.approx(3.0) and resolved["slower_than_native"] == 0
-    assert bench_cases.summarize_audit(rows + [row(0.05, 0.05, 0.05, "self", 0.053)])["slower_than_native"] == 1
+    assert summary["resolution_us_median"] == 0.0 and summary["resolution_us_max"] == 0.0
+    assert [row["slower_than_native"] for row in summary["rows"]] == [False, False, True, False]
     assert summary["worst_ratio"] == pytest.approx(1.5) and summary["worst_key"] == "forward slower"
     assert summary["geomean_vs_heuristic"] == pytest.approx((1.0 * 1.01 * 1.5 * 0.5) ** 0.25)
     assert summary["stored_total_ms"] == pytest.approx(4.01)
@@ -329,9 +328,33 @@ def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
     summary["seconds"] = 3.0
     case = {"workload": "seed", "mode": "cache_cold", "audit": summary}
     lines = bench_report.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
-    assert "## Per-key audit" in lines and any(bench_report.workload_label("seed") in line and "| 4 | 0.0 us | 1 | 1 |" in line
-                                               for line in lines)
+    assert "## Per-key audit" in lines and any(bench_report.workload_label("seed") in line
+                                               and "| 4 | 0.0 / 0.0 us | 1 | 1 |" in line for line in lines)
     assert bench_report.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
+
+
+def test_audit_resolution_is_each_keys_own():
+    # A noisy key: its stored config timed 0.100 ms apart from itself, so 10% slower (0.1 ms) is within its
+    # resolution. A steady key: timed identically twice, so 10% slower by 0.002 ms is beyond its resolution (0),
+    # though within the noisy key's: a resolution taken over the workload would have hidden it.
+    noisy = audit_row(1.10, 1.0, 1.05, "noisy", again=1.0)
+    steady = audit_row(0.022, 0.020, 0.021, "steady")
+    # A key 0.003 ms apart from itself, slower by 0.004 ms: beyond its own resolution.
+    beyond = audit_row(0.054, 0.050, 0.050, "beyond", again=0.051)
+    summary = bench_cases.summarize_audit([noisy, steady, beyond])
+    by_key = {row["key"]: row for row in summary["rows"]}
+    assert by_key["noisy"]["resolution_us"] == pytest.approx(100.0) and not by_key["noisy"]["slower_than_native"]
+    assert by_key["steady"]["resolution_us"] == 0.0 and by_key["steady"]["slower_than_native"]
+    assert by_key["beyond"]["resolution_us"] == pytest.approx(3.0) and by_key["beyond"]["slower_than_native"]
+    assert summary["slower_than_native"] == 2
+    assert summary["resolution_us_median"] == pytest.approx(3.0) and summary["resolution_us_max"] == pytest.approx(100.0)
+    # Slower by less than its own resolution: a tie.
+    within = bench_cases.summarize_audit([audit_row(0.054, 0.050, 0.050, "within", again=0.059)])
+    assert within["slower_than_native"] == 0
+    # A row from a build without stored_again_ms has resolution 0.
+    old = audit_row(1.5, 1.0, 1.0, "old")
+    del old["stored_again_ms"]
+    assert bench_cases.summarize_audit([old])["rows"][0]["resolution_us"] == 0.0
 
 
 def test_quick_arguments():
