@@ -22,20 +22,26 @@ A training step is model.zero_grad(set_to_none=True), forward, loss = output.flo
 optimizer step; the same in every mode), with the input requiring grad, as in the baseline measurement
 (../shared/context/baseline_autotune.py, results in ../shared/context/MEASURED.md). Before the first step each
 process initialises CUDA, cuBLAS and cuDNN on an unrelated tiny convolution, so the first step measures
-tuning and per-shape set-up only. Per case it reports the first step (s, synchronized), the median of --steps
-steady steps after --warmup steps (ms, synchronized per step), the tuning estimate (first step minus steady
-step), the cache load and prepare times, and the cache counters (tuning and plan-build time among them). A
-separate micro case measures host overhead per call of a tiny convolution: native F.conv2d against the op
-torch.ops.cudnn_cache.convolution called directly and against cudnn_cache.functional.conv2d.
+tuning and per-shape set-up only. Per case it reports the first step (s, synchronized), the wall-clock time of
+--steps steady steps after --warmup steps (ms, synchronized per step) and the GPU time of --steps more steps
+(torch.profiler, each step on its own), each as a median with its 95% interval (bench_stats.py), the tuning
+estimate (first step minus the median steady step), the cache load and prepare times, and the cache counters
+(tuning and plan-build time among them). A separate micro case measures host overhead per call: a tiny
+convolution's forward, native F.conv2d against the op torch.ops.cudnn_cache.convolution called directly and
+against cudnn_cache.functional.conv2d (and both in TorchScript); and the eager training path, forward +
+backward of a 16 -> 16 3x3 convolution, native F.conv2d against the op and against F.conv2d under
+cudnn_cache.intercept(True).
 
 Targets, checked per workload from its cases and once for the op's host overhead (met or missed):
     warm first step <= native_heuristic first step;  warm start <= 1.5 s;
-    warm steady <= native_benchmark steady;  warm steady <= the better native steady (stretch: 0.95 of it);
+    warm steady <= native_benchmark steady;  warm steady <= the better native steady (stretch: 0.95 of it),
+        on wall-clock medians, a higher median counting as a loss only when the 95% intervals do not overlap;
     cold tuning time (cache_cold first step - steady step) <= native_benchmark first step;
     intercepted steady <= 1.02 x the converted model's (cache_warm) steady, with nothing tuned;
     with --audit, no key whose stored choice is > 2% slower than a native choice measured the same way, by
     more than that key's resolution (the gap between its own two timings of its stored config);
-    the op's host time per call <= the better native's + 2 us.
+    the op's host time per call in TorchScript <= native's + 1 us; the eager training path's host time per
+    iteration, through the op and through intercept, <= the better native's + 1 us.
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
 
@@ -72,9 +78,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 from bench_cases import LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS, run_case  # noqa: E402
 from bench_plot import plot  # noqa: E402
 from bench_report import add_derived, check_targets, combine, markdown, notes  # noqa: E402
+from bench_stats import format_interval  # noqa: E402
 
 QUICK_WORKLOADS = ("seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", OVERHEAD)  # what --quick runs
 BACKENDS = ("graph", "legacy")  # cudnn_cache.set_backend
+MIN_STEPS = 30        # timed steps per figure in a full run
+MIN_STEPS_QUICK = 20  # in a --quick run; torch.profiler covers as many
 
 # ---------------------------------------------------------------------------------------------------------------
 # The driver: one subprocess per case
@@ -107,6 +116,8 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         command += ["--cache-file", str(cache_file)]
     if args.audit:
         command.append("--audit")
+    if args.quick:
+        command.append("--quick")  # which allows fewer --steps
     command += ["--tuning", *(f"{name}={int(value) if isinstance(value, bool) else value}"
                               for name, value in args.tuning.items())]
     return command
@@ -118,7 +129,7 @@ def describe(result: dict) -> str:
         return "FAILED: " + result["error"].splitlines()[0]
     if result["workload"] == OVERHEAD:
         return ", ".join(f"{name} {r['host_us']:.1f} us/call (host)" for name, r in result["results"].items())
-    line = f"first step {result['first_s']:.2f} s, steady {result['steady_ms']:.2f} ms"
+    line = f"first step {result['first_s']:.2f} s, steady {format_interval(result['wall_ms'], '.2f', ' ms')}"
     if "warm_start_s" in result:
         line += f", warm start {result['warm_start_s']:.2f} s"
     return line
@@ -199,7 +210,9 @@ def parse_args(argv=None):
                         help="cudnn_cache.set_tuning_options for the cache cases, e.g. flush_l2=0 max_candidates=5")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: --steps 20, --warmup 3 and the --quick workloads, unless given")
-    parser.add_argument("--steps", type=int, help="steady steps timed per case (>= 20; default 30, --quick 20)")
+    parser.add_argument("--steps", type=int,
+                        help=f"steady steps timed per case, steps profiled for GPU time, and rounds of the overhead "
+                             f"case (>= {MIN_STEPS}, with --quick >= {MIN_STEPS_QUICK}; default 30, --quick 20)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 5, --quick 3)")
     parser.add_argument("--output-dir", type=pathlib.Path, default=ROOT / "docs",
                         help="where bench.md and bench.png go (default: docs/ of the repository)")
@@ -217,8 +230,10 @@ def parse_args(argv=None):
         args.steps = 20 if args.quick else 30
     if args.warmup is None:
         args.warmup = 3 if args.quick else 5
-    if args.steps < 20:
-        parser.error("--steps must be >= 20 (the steady step is a median over them)")
+    least = MIN_STEPS_QUICK if args.quick else MIN_STEPS
+    if args.steps < least:
+        parser.error(f"--steps must be >= {least}{' with --quick' if args.quick else ''} (every figure is a median "
+                     "with its 95% interval over them)")
     if args.warmup < 0 or args.timeout <= 0:
         parser.error("--warmup must be >= 0 and --timeout > 0")
     for mode in LOADS_COLD_FILE:

@@ -9,12 +9,15 @@ import pathlib
 import statistics
 import sys
 import time
+import warnings
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
+
+from bench_stats import median_interval  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
@@ -59,12 +62,14 @@ MODES: Dict[str, Mode] = {
 }
 LOADS_COLD_FILE = ("cache_warm", "cache_intercept")  # modes that load the file cache_cold saved
 
-# The micro case: a tiny convolution, forward only, called OVERHEAD_CALLS times without synchronizing.
+# The micro case: a tiny convolution, forward only, called OVERHEAD_CALLS times without synchronizing; and the
+# eager training path, forward + backward of a 16 -> 16 3x3 convolution, TRAIN_CALLS times. --steps rounds each.
 OVERHEAD_INPUT = (1, 8, 8, 8)
 OVERHEAD_WEIGHT = (8, 8, 3, 3)
 OVERHEAD_CALLS = 1000
-OVERHEAD_REPEATS = 5
-GPU_TIME_STEPS = 5  # steps profiled for gpu_ms, after the timed ones
+TRAIN_INPUT = (8, 16, 8, 8)
+TRAIN_WEIGHT = (16, 16, 3, 3)
+TRAIN_CALLS = 50
 
 OVERHEAD_LABELS = {  # its rows: result name -> the call timed
     "native_heuristic": "F.conv2d (benchmark=False)",
@@ -73,8 +78,13 @@ OVERHEAD_LABELS = {  # its rows: result name -> the call timed
     "functional": "cudnn_cache.functional.conv2d",
     "native_scripted": "torch.conv2d in a TorchScript loop (benchmark=False)",
     "op_scripted": "cudnn_cache::convolution in a TorchScript loop",
+    "train_native_heuristic": "training: F.conv2d forward + backward (benchmark=False)",
+    "train_native_benchmark": "training: F.conv2d forward + backward (benchmark=True)",
+    "train_op": "training: torch.ops.cudnn_cache.convolution (a converted module's call) forward + backward",
+    "train_intercept": "training: F.conv2d forward + backward under cudnn_cache.intercept(True)",
 }
 NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
+NATIVE_TRAIN_OVERHEADS = ("train_native_heuristic", "train_native_benchmark")
 # From Python, torch.ops.<library>.<op> parses its arguments against the schema on every call, which F.conv2d's
 # generated binding does not; in TorchScript both are one interpreter call. So the op's own host overhead is
 # the scripted pair's difference, and the eager rows show what a Python caller pays on top.
@@ -191,8 +201,10 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
         step()
     steps = [timed(step, device) for _ in range(args.steps)]
     result["steps_ms"] = [1e3 * s for s in steps]
-    result["steady_ms"] = 1e3 * statistics.median(steps)
-    result["gpu_ms"], result["top_kernels"] = gpu_time_per_step(step, device)
+    result["wall_ms"] = median_interval(result["steps_ms"])
+    result["steady_ms"] = result["wall_ms"]["median"]  # the name earlier reports gave it
+    result["gpu_steps_ms"], result["top_kernels"] = gpu_time_per_step(step, device, args.steps)
+    result["gpu_ms"] = None if result["gpu_steps_ms"] is None else median_interval(result["gpu_steps_ms"])
     if mode.tunes:
         result["tuning_estimate_s"] = result["first_s"] - result["steady_ms"] / 1e3
     if cache is not None:
@@ -255,32 +267,64 @@ def summarize_audit(rows: List[dict]) -> dict:
     return summary
 
 
+def profile_each_step(step: Callable[[], None], device: torch.device, steps: int, activities: list,
+                      measure: Callable[[object], object]) -> list:
+    """measure(profiler) of each of `steps` steps, each profiled on its own: torch.profiler's schedule cycles
+    through one untraced warm-up step and one traced step, and hands each traced step to measure (its
+    on_trace_ready), so 2 x steps steps run. The step is synchronized before its trace closes."""
+    from torch.profiler import profile, schedule
+
+    measured = []
+    with warnings.catch_warnings():
+        # It warns that each cycle starts with no events: what makes each measurement one step's.
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=steps),
+                     on_trace_ready=lambda profiler: measured.append(measure(profiler))) as profiler:
+            for _ in range(2 * steps):
+                step()
+                synchronize(device)
+                profiler.step()
+    return measured
+
+
 def gpu_time_per_step(step: Callable[[], None], device: torch.device,
-                      steps: int = GPU_TIME_STEPS) -> Tuple[Optional[float], Optional[List[dict]]]:
-    """Milliseconds the GPU spends running kernels and copies per step, from torch.profiler over `steps` steps,
-    and the kernels that take most of it (name, calls and microseconds per step); (None, None) on the CPU.
-    Against the steady step, it tells slower kernels from host time the GPU waits on."""
+                      steps: int) -> Tuple[Optional[List[float]], Optional[List[dict]]]:
+    """Milliseconds the GPU spends running kernels and copies in each of `steps` steps, each step profiled on
+    its own by torch.profiler, and the kernels that take most of it over all of them (name, calls and
+    microseconds per step); (None, None) on the CPU. Against the steady step, it tells slower kernels from host
+    time the GPU waits on."""
     if device.type != "cuda":
         return None, None
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-        for _ in range(steps):
-            step()
-        synchronize(device)
-    events = [e for e in profiler.key_averages() if e.self_device_time_total > 0]
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    kernels = [{"name": e.key[:120], "calls": e.count / steps, "us": e.self_device_time_total / steps}
-               for e in events[:TOP_KERNELS]]
-    return sum(e.self_device_time_total for e in events) / 1e3 / steps, kernels
+    def kernels(profiler):
+        return [(e.key, e.count, e.self_device_time_total) for e in profiler.key_averages()
+                if e.self_device_time_total > 0]
+
+    per_step = profile_each_step(step, device, steps, [ProfilerActivity.CUDA], kernels)
+    totals: Dict[str, List[float]] = {}  # kernel -> [calls, microseconds] over every profiled step
+    for events in per_step:
+        for name, calls, us in events:
+            total = totals.setdefault(name, [0, 0.0])
+            total[0] += calls
+            total[1] += us
+    top = sorted(totals.items(), key=lambda item: item[1][1], reverse=True)[:TOP_KERNELS]
+    return ([sum(us for _, _, us in events) / 1e3 for events in per_step],
+            [{"name": name[:120], "calls": calls / steps, "us": us / steps} for name, (calls, us) in top])
 
 
 def run_overhead_case(args) -> dict:
-    """Host overhead per call: OVERHEAD_CALLS forward calls of a tiny convolution with no synchronize between
-    them, then one synchronize; the per-call wall time (and the host-only time, before that synchronize), the
-    median over OVERHEAD_REPEATS rounds. The cache is warm: tuned before timing, then miss policy 'error'.
+    """Host overhead per call, the cache warm (tuned before timing, then miss policy 'error'). Each row times a
+    round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
+    host-only time before that synchronize; --steps rounds, interleaved so drift hits every row alike, give
+    each row's median and its 95% interval (bench_stats). The forward rows make OVERHEAD_CALLS no-grad calls of
+    a tiny convolution; the training rows TRAIN_CALLS iterations of forward + backward (torch.autograd.grad
+    of input and weight) of a 16 -> 16 3x3 convolution.
     op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
-    (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python."""
+    (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python;
+    train_op_overhead_above_native_us and train_intercept_overhead_above_native_us: the training rows' host
+    time per iteration through the op (as a converted module calls it) and through intercept, above the
+    better native's."""
     import torch.nn.functional as F
 
     import cudnn_cache
@@ -290,55 +334,95 @@ def run_overhead_case(args) -> dict:
     initialise_libraries(device, cudnn_cache)
     x = torch.rand(*OVERHEAD_INPUT, device=device)
     w = torch.rand(*OVERHEAD_WEIGHT, device=device)
+    train_x = torch.rand(*TRAIN_INPUT, device=device, requires_grad=True)
+    train_w = torch.rand(*TRAIN_WEIGHT, device=device, requires_grad=True)
+    train_grad = torch.ones(TRAIN_INPUT[0], TRAIN_WEIGHT[0], *TRAIN_INPUT[2:], device=device)
     op = torch.ops.cudnn_cache.convolution
 
-    def repeat(call):
+    def forward_calls(call):
         def calls():
-            for _ in range(OVERHEAD_CALLS):
-                call()
+            with torch.no_grad():
+                for _ in range(OVERHEAD_CALLS):
+                    call()
         return calls
 
+    def training_calls(convolution):
+        def calls():
+            for _ in range(TRAIN_CALLS):
+                torch.autograd.grad(convolution(train_x, train_w), (train_x, train_w), train_grad)
+        return calls
+
+    def native(x, w):
+        return F.conv2d(x, w, padding=1)
+
+    def through_op(x, w):
+        return op(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+
     native_loop, op_loop = torch.jit.script(scripted_native_loop), torch.jit.script(scripted_op_loop)
-    calls = {  # name (as in OVERHEAD_LABELS) -> (cudnn.benchmark, OVERHEAD_CALLS calls)
-        "native_heuristic": (False, repeat(lambda: F.conv2d(x, w, padding=1))),
-        "native_benchmark": (True, repeat(lambda: F.conv2d(x, w, padding=1))),
-        "op": (False, repeat(lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], 1))),
-        "functional": (False, repeat(lambda: cudnn_cache.functional.conv2d(x, w, padding=1))),
-        "native_scripted": (False, lambda: native_loop(x, w, OVERHEAD_CALLS)),
-        "op_scripted": (False, lambda: op_loop(x, w, OVERHEAD_CALLS)),
+    rows = {  # name (as in OVERHEAD_LABELS) -> (cudnn.benchmark, intercept, calls per round, a round of calls)
+        "native_heuristic": (False, False, OVERHEAD_CALLS, forward_calls(lambda: native(x, w))),
+        "native_benchmark": (True, False, OVERHEAD_CALLS, forward_calls(lambda: native(x, w))),
+        "op": (False, False, OVERHEAD_CALLS, forward_calls(lambda: through_op(x, w))),
+        "functional": (False, False, OVERHEAD_CALLS,
+                       forward_calls(lambda: cudnn_cache.functional.conv2d(x, w, padding=1))),
+        "native_scripted": (False, False, OVERHEAD_CALLS, scripted_round(native_loop, x, w)),
+        "op_scripted": (False, False, OVERHEAD_CALLS, scripted_round(op_loop, x, w)),
+        "train_native_heuristic": (False, False, TRAIN_CALLS, training_calls(native)),
+        "train_native_benchmark": (True, False, TRAIN_CALLS, training_calls(native)),
+        "train_op": (False, False, TRAIN_CALLS, training_calls(through_op)),
+        "train_intercept": (False, True, TRAIN_CALLS, training_calls(native)),
     }
 
-    def time_calls(benchmark: bool, calls) -> tuple:
+    def time_round(benchmark: bool, intercept: bool, calls: int, round_of_calls) -> tuple:
         torch.backends.cudnn.benchmark = benchmark
+        cudnn_cache.intercept(intercept)
         synchronize(device)
         started = time.perf_counter()
-        calls()
+        round_of_calls()
         queued = time.perf_counter()
         synchronize(device)
         finished = time.perf_counter()
-        return 1e6 * (finished - started) / OVERHEAD_CALLS, 1e6 * (queued - started) / OVERHEAD_CALLS
+        cudnn_cache.intercept(False)
+        return 1e6 * (finished - started) / calls, 1e6 * (queued - started) / calls
 
-    with torch.no_grad():
-        cudnn_cache.set_miss_policy("tune")
-        for benchmark, call in calls.values():  # warm-up: tunes the cache entry and native's benchmark cache
-            time_calls(benchmark, call)
-        cudnn_cache.set_miss_policy("error")
-        cudnn_cache.reset_stats()
-        rounds = {name: [] for name in calls}
-        for _ in range(OVERHEAD_REPEATS):  # interleaved, so drift hits every variant alike
-            for name, (benchmark, call) in calls.items():
-                rounds[name].append(time_calls(benchmark, call))
+    cudnn_cache.set_miss_policy("tune")
+    for row in rows.values():  # warm-up: tunes the cache entries and native's benchmark cache
+        time_round(*row)
+    cudnn_cache.set_miss_policy("error")
+    cudnn_cache.reset_stats()
+    rounds = {name: [] for name in rows}
+    for _ in range(args.steps):
+        for name, row in rows.items():
+            rounds[name].append(time_round(*row))
 
-    results = {name: {"wall_us": statistics.median(r[0] for r in rounds[name]),
-                      "host_us": statistics.median(r[1] for r in rounds[name]),
-                      "wall_us_rounds": [r[0] for r in rounds[name]]} for name in calls}
-    native_host_us = min(results[name]["host_us"] for name in NATIVE_OVERHEADS)
+    results = {}
+    for name in rows:
+        wall, host = [r[0] for r in rounds[name]], [r[1] for r in rounds[name]]
+        results[name] = {"wall_us": statistics.median(wall), "host_us": statistics.median(host),
+                         "wall_us_interval": median_interval(wall), "host_us_interval": median_interval(host),
+                         "wall_us_rounds": wall, "host_us_rounds": host}
+
+    def above_better_native(name: str, natives) -> float:
+        return results[name]["host_us"] - min(results[native]["host_us"] for native in natives)
+
     return {"workload": OVERHEAD, "backend": cudnn_cache.backend(), "input": list(OVERHEAD_INPUT),
-            "weight": list(OVERHEAD_WEIGHT), "padding": 1, "calls": OVERHEAD_CALLS, "repeats": OVERHEAD_REPEATS,
+            "weight": list(OVERHEAD_WEIGHT), "padding": 1, "calls": OVERHEAD_CALLS, "repeats": args.steps,
+            "train_input": list(TRAIN_INPUT), "train_weight": list(TRAIN_WEIGHT), "train_calls": TRAIN_CALLS,
             "results": results,
-            "op_overhead_above_native_us": results["op_scripted"]["host_us"] - results["native_scripted"]["host_us"],
-            "eager_op_overhead_above_native_us": results["op"]["host_us"] - native_host_us,
+            "op_overhead_above_native_us": above_better_native("op_scripted", ["native_scripted"]),
+            "eager_op_overhead_above_native_us": above_better_native("op", NATIVE_OVERHEADS),
+            "train_op_overhead_above_native_us": above_better_native("train_op", NATIVE_TRAIN_OVERHEADS),
+            "train_intercept_overhead_above_native_us": above_better_native("train_intercept",
+                                                                            NATIVE_TRAIN_OVERHEADS),
             "stats": cudnn_cache.stats()}
+
+
+def scripted_round(loop, x: torch.Tensor, w: torch.Tensor) -> Callable[[], None]:
+    """A round of OVERHEAD_CALLS no-grad calls made by a TorchScript loop."""
+    def calls():
+        with torch.no_grad():
+            loop(x, w, OVERHEAD_CALLS)
+    return calls
 
 
 # The outputs are kept in a list: TorchScript removes calls whose results nobody uses.

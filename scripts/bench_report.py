@@ -6,12 +6,14 @@ import math
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
-from bench_cases import AUDIT_NOISE, GPU_TIME_STEPS, OVERHEAD, OVERHEAD_LABELS, WORKLOADS
+from bench_cases import AUDIT_NOISE, OVERHEAD, OVERHEAD_LABELS, WORKLOADS
+from bench_stats import format_interval, intervals_overlap
 
 # The targets (see check_targets).
 TARGET_WARM_START_S = 1.5          # load + prepare + first step of cache_warm
 TARGET_STEADY_STRETCH = 0.95       # of the better native steady step; 'met' is judged at 1.00
-TARGET_OP_OVERHEAD_US = 2.0        # the op's host time per call above the better native's
+TARGET_OP_OVERHEAD_US = 1.0        # the op's host time per call above native's, in TorchScript
+TARGET_TRAIN_OVERHEAD_US = 1.0     # host time per forward + backward above the better native's, eager
 TARGET_INTERCEPT_RATIO = 1.02      # cache_intercept's steady step over cache_warm's (run-to-run noise)
 
 
@@ -24,25 +26,47 @@ def successful(cases: List[dict]) -> Dict[Tuple[str, str], dict]:
     return {(c["workload"], c["mode"]): c for c in cases if "error" not in c}
 
 
-def best_native_steady(ok: Dict[Tuple[str, str], dict], workload: str) -> Optional[float]:
-    """The faster steady step (ms) of native_benchmark and native_heuristic; None when neither ran."""
-    steadies = [ok[(workload, m)]["steady_ms"] for m in ("native_benchmark", "native_heuristic")
-                if (workload, m) in ok]
-    return min(steadies) if steadies else None
+NATIVE_MODES = ("native_benchmark", "native_heuristic")
+CLOCKS = ("wall_ms", "gpu_ms")  # each a median_interval result per case, in ms; gpu_ms is null on the CPU
+
+
+def better_native(ok: Dict[Tuple[str, str], dict], workload: str, clock: str) -> Optional[dict]:
+    """The figure (median and interval) on `clock` of whichever native mode has the lower median on that
+    clock; None when neither ran or measured it."""
+    figures = [ok[(workload, m)].get(clock) for m in NATIVE_MODES if (workload, m) in ok]
+    figures = [figure for figure in figures if figure is not None]
+    return min(figures, key=lambda figure: figure["median"]) if figures else None
+
+
+def median_of(figure: Optional[dict]) -> Optional[float]:
+    return None if figure is None else figure["median"]
+
+
+def wall_loss(figure: Optional[dict], reference: Optional[dict]) -> Optional[bool]:
+    """Whether `figure` loses to `reference` on the wall clock: its median is higher and the two 95% intervals
+    do not overlap (a higher median inside the spread is not counted as a loss); None without both."""
+    if figure is None or reference is None:
+        return None
+    return figure["median"] > reference["median"] and not intervals_overlap(figure, reference)
 
 
 def add_derived(cases: List[dict]) -> None:
-    """Adds case['derived'] to every successful case: steady ÷ native_benchmark steady, steady ÷ the better of
-    the two native steadies, first step ÷ native_heuristic first step, and (cache_warm) warm start ÷
-    native_heuristic first step, all within the same workload; None where a case is missing."""
+    """Adds case['derived'] to every successful case, within its workload, None where a case is missing:
+    steady_vs_native_benchmark, steady_vs_best_native: the wall-clock median over native_benchmark's and over
+    the better native mode's; gpu_vs_best_native: the GPU-time median over the better native mode's on that
+    clock; wall_loss_vs_best_native: see wall_loss; first step ÷ native_heuristic first step and (cache_warm)
+    warm start ÷ native_heuristic first step."""
     ok = successful(cases)
     for case in ok.values():
         def native(mode, key):
             return ok.get((case["workload"], mode), {}).get(key)
 
+        best_wall, best_gpu = (better_native(ok, case["workload"], clock) for clock in CLOCKS)
         case["derived"] = {
             "steady_vs_native_benchmark": ratio(case["steady_ms"], native("native_benchmark", "steady_ms")),
-            "steady_vs_best_native": ratio(case["steady_ms"], best_native_steady(ok, case["workload"])),
+            "steady_vs_best_native": ratio(case["steady_ms"], median_of(best_wall)),
+            "gpu_vs_best_native": ratio(median_of(case.get("gpu_ms")), median_of(best_gpu)),
+            "wall_loss_vs_best_native": wall_loss(case.get("wall_ms"), best_wall),
             "first_vs_native_heuristic_first": ratio(case["first_s"], native("native_heuristic", "first_s")),
             "warm_start_vs_native_heuristic_first": ratio(case.get("warm_start_s"),
                                                           native("native_heuristic", "first_s")),
@@ -50,14 +74,20 @@ def add_derived(cases: List[dict]) -> None:
 
 
 def check_targets(report: dict) -> List[dict]:
-    """The targets, for every workload with a cache_cold or cache_warm case, then once for the op's host
-    overhead: dicts {workload, target, value, limit, unit, met}, met = value <= limit, or None (no data) when a
-    case it needs is missing or failed. The better-native-steady target also has stretch_limit and stretch_met."""
+    """The targets, for every workload with a cache_cold or cache_warm case, then for the host overhead:
+    dicts {workload, target, value, limit, unit, met}, met = value <= limit, or None (no data) when a case it
+    needs is missing or failed. The better-native-steady target also has stretch_limit and stretch_met.
+
+    The two wall-clock steady targets compare medians and also carry intervals_overlap, whether the 95%
+    intervals of the two steady steps overlap: a median above the limit is a loss (met False) only when they
+    do not (see wall_loss); the stretch is judged on the medians alone."""
     ok, targets = successful(report["cases"]), []
 
-    def target(workload, text, value, limit, unit, stretch_limit=None):
+    def target(workload, text, value, limit, unit, stretch_limit=None, overlap=None):
         row = {"workload": workload, "target": text, "value": value, "limit": limit, "unit": unit,
-               "met": None if value is None or limit is None else value <= limit}
+               "met": None if value is None or limit is None else value <= limit or bool(overlap)}
+        if overlap is not None:
+            row["intervals_overlap"] = overlap
         if stretch_limit is not None:
             row.update(stretch_limit=stretch_limit, stretch_met=None if value is None else value <= stretch_limit)
         targets.append(row)
@@ -67,16 +97,21 @@ def check_targets(report: dict) -> List[dict]:
         def get(mode, key):
             return ok.get((workload, mode), {}).get(key)
 
-        warm_steady = get("cache_warm", "steady_ms")
+        def overlap(figure, reference):
+            return None if figure is None or reference is None else intervals_overlap(figure, reference)
+
+        warm_steady, warm_wall = get("cache_warm", "steady_ms"), get("cache_warm", "wall_ms")
+        best_wall = better_native(ok, workload, "wall_ms")
         target(workload, "warm first step ≤ native_heuristic first step", get("cache_warm", "first_s"),
                get("native_heuristic", "first_s"), "s")
         target(workload, f"warm start (load + prepare + first step) ≤ {TARGET_WARM_START_S:g} s",
                get("cache_warm", "warm_start_s"), TARGET_WARM_START_S, "s")
         target(workload, "warm steady ÷ native_benchmark steady ≤ 1.00",
-               ratio(warm_steady, get("native_benchmark", "steady_ms")), 1.0, "ratio")
+               ratio(warm_steady, get("native_benchmark", "steady_ms")), 1.0, "ratio",
+               overlap=overlap(warm_wall, get("native_benchmark", "wall_ms")))
         target(workload, f"warm steady ÷ better native steady ≤ 1.00 (stretch {TARGET_STEADY_STRETCH:.2f})",
-               ratio(warm_steady, best_native_steady(ok, workload)), 1.0, "ratio",
-               stretch_limit=TARGET_STEADY_STRETCH)
+               ratio(warm_steady, median_of(best_wall)), 1.0, "ratio", stretch_limit=TARGET_STEADY_STRETCH,
+               overlap=overlap(warm_wall, best_wall))
         target(workload, "cold tuning (cache_cold first step − steady step) ≤ native_benchmark first step",
                get("cache_cold", "tuning_estimate_s"), get("native_benchmark", "first_s"), "s")
         if (workload, "cache_intercept") in ok or (workload, "cache_intercept") in failed_cases(report["cases"]):
@@ -88,8 +123,14 @@ def check_targets(report: dict) -> List[dict]:
                    "measured the same way (cudnn_cache.audit)", audit["slower_than_native"], 0, "count")
     overhead = report.get("overhead")
     if overhead is not None:
-        target(OVERHEAD, f"op host time per call ≤ better native's + {TARGET_OP_OVERHEAD_US:g} us",
+        target(OVERHEAD, f"op host time per call in TorchScript ≤ native's + {TARGET_OP_OVERHEAD_US:g} us",
                overhead.get("op_overhead_above_native_us"), TARGET_OP_OVERHEAD_US, "us")
+        target(OVERHEAD, "eager training path (forward + backward) through the op ≤ better native's + "
+               f"{TARGET_TRAIN_OVERHEAD_US:g} us", overhead.get("train_op_overhead_above_native_us"),
+               TARGET_TRAIN_OVERHEAD_US, "us")
+        target(OVERHEAD, "eager training path (forward + backward) through intercept ≤ better native's + "
+               f"{TARGET_TRAIN_OVERHEAD_US:g} us", overhead.get("train_intercept_overhead_above_native_us"),
+               TARGET_TRAIN_OVERHEAD_US, "us")
     return targets
 
 
@@ -121,8 +162,9 @@ def workload_label(workload: str) -> str:
 
 START_COLUMNS = ["workload", "mode", "first step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
                  "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
-STEADY_COLUMNS = ["workload", "mode", "steady step", "GPU time per step", "÷ bench steady", "÷ best native steady",
-                  "hits / misses / tunes / fallbacks", "plans built / deserialized / rebuilt"]
+STEADY_COLUMNS = ["workload", "mode", "wall step, median [95% CI]", "GPU time per step, median [95% CI]",
+                  "wall ÷ bench", "wall ÷ better native", "GPU ÷ better native", "hits / misses / tunes / fallbacks",
+                  "plans built / deserialized / rebuilt"]
 
 
 def failed_row(case: dict, columns: List[str]) -> List[str]:
@@ -150,6 +192,21 @@ def start_row(case: dict) -> List[str]:
             number(derived["warm_start_vs_native_heuristic_first"], ".2f")]
 
 
+def interval_cell(figure: Optional[dict], spec: str, unit: str) -> str:
+    return "-" if figure is None else format_interval(figure, spec, unit)
+
+
+def wall_ratio_cell(derived: dict) -> str:
+    """The wall-clock ratio against the better native mode, marked 'loss' when it is one (see wall_loss) and
+    '(overlap)' when its median is higher but the intervals overlap."""
+    cell = number(derived["steady_vs_best_native"], ".2f")
+    if derived["wall_loss_vs_best_native"]:
+        cell += " loss"
+    elif derived["wall_loss_vs_best_native"] is False and derived["steady_vs_best_native"] > 1:
+        cell += " (overlap)"
+    return cell
+
+
 def steady_row(case: dict) -> List[str]:
     """The case's row of the steady-state table."""
     if "error" in case:
@@ -159,10 +216,9 @@ def steady_row(case: dict) -> List[str]:
     if stats is not None:
         counters = " / ".join(str(stats[k]) for k in ("hits", "misses", "tunes", "fallbacks"))
         plans = " / ".join(str(stats.get(k, "-")) for k in ("plans_built", "plans_deserialized", "plan_rebuilds"))
-    return [workload_label(case["workload"]), case["mode"], number(case["steady_ms"], ".2f", " ms"),
-            number(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"),
-            number(derived["steady_vs_best_native"], ".2f"),
-            counters, plans]
+    return [workload_label(case["workload"]), case["mode"], interval_cell(case.get("wall_ms"), ".2f", " ms"),
+            interval_cell(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"),
+            wall_ratio_cell(derived), number(derived["gpu_vs_best_native"], ".2f"), counters, plans]
 
 
 def audit_table(cases: List[dict]) -> List[str]:
@@ -202,14 +258,31 @@ def overhead_table(overhead: Optional[dict]) -> List[str]:
     shape = "x".join(map(str, overhead["input"]))
     lines += ["", f"conv2d forward, input {shape}, weight {'x'.join(map(str, overhead['weight']))}, padding 1, "
               f"no grad: {overhead['calls']} calls with no synchronize between them, then one; median of "
-              f"{overhead['repeats']} rounds. The cache was tuned first (warm), then ran with miss policy 'error'. "
-              f"The op's host time above native's, both in a TorchScript loop: "
+              f"{overhead['repeats']} rounds and its 95% interval. The cache was tuned first (warm), then ran with "
+              "miss policy 'error'. The op's host time above native's, both in a TorchScript loop: "
               f"{overhead['op_overhead_above_native_us']:.1f} us; called from Python (torch.ops parses its "
               f"arguments per call), above the better native's: "
               f"{overhead.get('eager_op_overhead_above_native_us', math.nan):.1f} us.", ""]
-    rows = [[OVERHEAD_LABELS.get(name, name), f"{r['wall_us']:.1f} us", f"{r['host_us']:.1f} us"]
-            for name, r in overhead["results"].items()]
-    return lines + table(["call", "wall per call (incl. final synchronize)", "host per call (before it)"], rows)
+    columns = ["call", "wall per call (incl. final synchronize)", "host per call (before it)"]
+    forward = {n: r for n, r in overhead["results"].items() if not n.startswith("train_")}
+    lines += table(columns, [overhead_row(name, r) for name, r in forward.items()])
+    training = {n: r for n, r in overhead["results"].items() if n.startswith("train_")}
+    if training:
+        lines += ["", f"Eager training path: forward + backward (torch.autograd.grad of input and weight), input "
+                  f"{'x'.join(map(str, overhead['train_input']))}, weight "
+                  f"{'x'.join(map(str, overhead['train_weight']))}, padding 1: {overhead['train_calls']} "
+                  f"iterations per round, {overhead['repeats']} rounds, per iteration. Host time above the better "
+                  f"native's: through the op {overhead['train_op_overhead_above_native_us']:.1f} us, through "
+                  f"intercept {overhead['train_intercept_overhead_above_native_us']:.1f} us.", ""]
+        lines += table(["iteration", "wall per iteration (incl. final synchronize)", "host per iteration (before it)"],
+                       [overhead_row(name, r) for name, r in training.items()])
+    return lines
+
+
+def overhead_row(name: str, result: dict) -> List[str]:
+    """A row of the overhead tables: wall and host time, each as median [95% interval], in us."""
+    return [OVERHEAD_LABELS.get(name, name), interval_cell(result.get("wall_us_interval"), ".1f", " us"),
+            interval_cell(result.get("host_us_interval"), ".1f", " us")]
 
 
 TARGET_FORMATS = {"s": (".2f", " s"), "ratio": (".2f", ""), "us": (".1f", " us"), "count": ("d", "")}
@@ -223,6 +296,8 @@ def targets_table(targets: List[dict]) -> List[str]:
     for t in targets:
         spec, unit = TARGET_FORMATS[t["unit"]]
         verdict = verdicts[t["met"]]
+        if t.get("intervals_overlap") is not None and t["met"] is not None and t["value"] > t["limit"]:
+            verdict += " (median above, intervals overlap)" if t["intervals_overlap"] else " (intervals apart)"
         if "stretch_limit" in t:
             verdict += f"; stretch {t['stretch_limit']:.2f}: {verdicts[t['stretch_met']]}"
         label = "host overhead" if t["workload"] == OVERHEAD else workload_label(t["workload"])
@@ -255,10 +330,17 @@ def notes(settings: dict) -> List[str]:
         "A training step: zero_grad(set_to_none=True), forward, loss = output.float().sum(), backward; no optimizer "
         "step. The input requires grad. The same in every mode.",
         "first step: wall time of the first training step, synchronized, after CUDA, cuBLAS and cuDNN were set up "
-        f"on an unrelated tiny convolution. steady step: median of {settings['steps']} steps, synchronized per "
-        f"step, after {settings['warmup']} warm-up steps. GPU time per step: kernel and copy time torch.profiler "
-        f"records over {GPU_TIME_STEPS} more steps, per step; a steady step well above it is host time the GPU "
+        f"on an unrelated tiny convolution. wall step (wall_ms; steady_ms is its median): {settings['steps']} steps, "
+        f"synchronized per step, after {settings['warmup']} warm-up steps. GPU time per step (gpu_ms): the kernel "
+        f"and copy time torch.profiler records in each of {settings['steps']} more steps, each step profiled on "
+        "its own (an untraced step between two traced ones); a wall step well above it is host time the GPU "
         "waits on.",
+        "Intervals: every figure is a median [lo, hi] with lo and hi the distribution-free 95% confidence "
+        "interval of the median from order statistics (binomial: for 30 values the 10th and 21st smallest, for "
+        "20 the 6th and 15th); the overhead rows take it over their rounds. A wall-clock ratio above 1 is a loss "
+        "only when the two intervals do not overlap ('loss' in the tables; '(overlap)' marks a higher median "
+        "within the spread); the wall-clock steady targets are met when the median is within the limit or the "
+        "intervals overlap, and say which.",
         f"backend: the cache modes ran with cudnn_cache.set_backend('{settings['backend']}'). 'graph' runs cuDNN "
         "graph-API engine configs, each through an execution plan built from its stored config (by prepare() or "
         "on its first call); 'legacy' replays cudnnConvolution*Algo_t and builds no plans.",
@@ -271,8 +353,9 @@ def notes(settings: dict) -> List[str]:
         "prepare: cudnn_cache.prepare() after it, before the first step, which builds the execution plan of "
         "every loaded graph-API entry of the GPU (in parentheses, the plans it reports). warm start: load + "
         "prepare + first step.",
-        "÷ bench steady: steady step ÷ native_benchmark's; ÷ best native steady: ÷ the faster of native_benchmark "
-        "and native_heuristic; first ÷ heuristic first, warm start ÷ heuristic first: ÷ native_heuristic's "
+        "wall ÷ bench: the wall-clock median ÷ native_benchmark's; wall ÷ better native, GPU ÷ better native: "
+        "each clock's median ÷ that of whichever of native_benchmark and native_heuristic has the lower median on "
+        "that clock; first ÷ heuristic first, warm start ÷ heuristic first: ÷ native_heuristic's "
         "first step.",
         "hits / misses / tunes / fallbacks, plans built / deserialized / rebuilt: cudnn_cache.stats() over the "
         "case (from before load, so prepare and the first step count): plans_built, plans_deserialized (restored "

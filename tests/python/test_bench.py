@@ -5,6 +5,7 @@ arguments (--quick, --backend) and exit codes, and the per-case subprocess plumb
 
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -20,6 +21,7 @@ sys.path.insert(0, str(SCRIPT.parent))  # the bench's modules import one another
 import bench  # noqa: E402
 import bench_cases  # noqa: E402
 import bench_report  # noqa: E402
+import bench_stats  # noqa: E402
 
 # workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms), from MEASURED.md
 # (MobileNetV2's made up)
@@ -41,36 +43,56 @@ def stats(tunes: int, plans_built: int) -> dict:
             "plan_rebuilds": 0}
 
 
+def figure(median: float, spread: float) -> dict:
+    """A median with a 95% interval of +- spread x median, as bench_stats.median_interval gives it."""
+    return {"median": median, "lo": (1 - spread) * median, "hi": (1 + spread) * median, "n": 30}
+
+
+def timed(workload: str, mode: str, steady: float, **fields) -> dict:
+    """A training case's result with its clocks: wall steps around `steady` (spread 1%, 3% for the 3-D stack,
+    whose cache_warm is within the spread of native), GPU time 0.8 x steady for native modes, 0.7 x for the
+    cache's."""
+    spread = 0.03 if workload == "conv3d_fp32" else 0.01
+    gpu = (0.8 if mode.startswith("native") else 0.7) * steady
+    return {"workload": workload, "mode": mode, "first_s": fields.pop("first_s"), "steady_ms": steady,
+            "steps_ms": [steady] * 30, "wall_ms": figure(steady, spread), "gpu_steps_ms": [gpu] * 30,
+            "gpu_ms": figure(gpu, spread), **fields}
+
+
 def synthetic_report() -> dict:
     """Results shaped like the child processes print them, for every workload and mode; resnet18's cache_warm
-    failed. cache_warm's steady step is 1.25 x native_heuristic's (0.9 x for MobileNetV2)."""
+    failed. cache_warm's steady step is 1.25 x native_heuristic's (0.9 x for MobileNetV2, 1.01 x for the 3-D
+    stack)."""
     cases = []
     for workload, (bench_first, bench_steady, heuristic_first, heuristic_steady) in NATIVE.items():
-        warm_steady = (0.9 if workload == "mobilenet_v2_bf16_cl" else 1.25) * heuristic_steady
+        warm_steady = {"mobilenet_v2_bf16_cl": 0.9, "conv3d_fp32": 1.01}.get(workload, 1.25) * heuristic_steady
         cases += [
-            {"workload": workload, "mode": "native_benchmark", "first_s": bench_first, "steady_ms": bench_steady,
-             "steps_ms": [bench_steady] * 20, "tuning_estimate_s": bench_first - bench_steady / 1e3},
-            {"workload": workload, "mode": "native_heuristic", "first_s": heuristic_first,
-             "steady_ms": heuristic_steady, "steps_ms": [heuristic_steady] * 20},
-            {"workload": workload, "mode": "cache_cold", "backend": "graph", "first_s": 5.0,
-             "steady_ms": 1.3 * heuristic_steady, "steps_ms": [1.3 * heuristic_steady] * 20,
-             "tuning_estimate_s": 4.9, "tune_s": 4.1976, "plan_build_s": 0.318, "stats": stats(159, 159),
-             "save_s": 0.002},
+            timed(workload, "native_benchmark", bench_steady, first_s=bench_first,
+                  tuning_estimate_s=bench_first - bench_steady / 1e3),
+            timed(workload, "native_heuristic", heuristic_steady, first_s=heuristic_first),
+            timed(workload, "cache_cold", 1.3 * heuristic_steady, backend="graph", first_s=5.0,
+                  tuning_estimate_s=4.9, tune_s=4.1976, plan_build_s=0.318, stats=stats(159, 159), save_s=0.002),
         ]
         if workload == "resnet18_fp16_cl":
             cases.append({"workload": workload, "mode": "cache_warm", "error": FAILED_ERROR, "process_s": 4.0})
         else:
-            cases.append({"workload": workload, "mode": "cache_warm", "backend": "graph", "first_s": 0.3,
-                          "steady_ms": warm_steady, "steps_ms": [warm_steady] * 20, "tune_s": 0.0,
-                          "plan_build_s": 0.2, "load_s": 0.0012, "loaded_entries": 159, "prepare_s": 0.25,
-                          "prepared_plans": 100, "warm_start_s": WARM_START_S, "plans_deserialized": 0,
-                          "stats": stats(0, 100)})
+            cases.append(timed(workload, "cache_warm", warm_steady, backend="graph", first_s=0.3, tune_s=0.0,
+                               plan_build_s=0.2, load_s=0.0012, loaded_entries=159, prepare_s=0.25,
+                               prepared_plans=100, warm_start_s=WARM_START_S, plans_deserialized=0,
+                               stats=stats(0, 100)))
+    overhead_us = {"native_heuristic": 8.0, "native_benchmark": 7.5, "op": 9.0, "functional": 10.0,
+                   "train_native_heuristic": 155.0, "train_native_benchmark": 156.0, "train_op": 155.5,
+                   "train_intercept": 157.0}
     overhead = {"workload": "overhead", "backend": "graph", "input": [1, 8, 8, 8], "weight": [8, 8, 3, 3],
-                "padding": 1, "calls": 1000, "repeats": 5, "stats": stats(0, 0), "op_overhead_above_native_us": 1.5,
-                "eager_op_overhead_above_native_us": 1.5,
-                "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 5}
-                            for name, us in (("native_heuristic", 8.0), ("native_benchmark", 7.5), ("op", 9.0),
-                                             ("functional", 10.0))}}
+                "padding": 1, "calls": 1000, "repeats": 30, "train_input": [8, 16, 8, 8],
+                "train_weight": [16, 16, 3, 3], "train_calls": 50, "stats": stats(0, 0),
+                "op_overhead_above_native_us": 1.5, "eager_op_overhead_above_native_us": 1.5,
+                "train_op_overhead_above_native_us": 0.5, "train_intercept_overhead_above_native_us": 2.0,
+                "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 30,
+                                   "host_us_rounds": [us] * 30, "wall_us_interval": {"median": us + 1, "lo": us + 0.5,
+                                                                                     "hi": us + 1.5, "n": 30},
+                                   "host_us_interval": {"median": us, "lo": us - 0.5, "hi": us + 0.5, "n": 30}}
+                            for name, us in overhead_us.items()}}
     settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench_cases.MODES), "backend": "graph", "quick": False,
                 "steps": 30, "warmup": 5, "timeout_s": 180.0, "device": "cuda"}
     environment = {"date": "2026-11-29T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
@@ -107,9 +129,12 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert warm["derived"]["steady_vs_best_native"] == pytest.approx(1.25 * 27.5 / 24.2)
     assert warm["derived"]["first_vs_native_heuristic_first"] == pytest.approx(0.3 / 0.74)
     assert warm["derived"]["warm_start_vs_native_heuristic_first"] == pytest.approx(WARM_START_S / 0.74)
+    assert warm["derived"]["gpu_vs_best_native"] == pytest.approx(0.7 * 1.25 * 27.5 / (0.8 * 24.2))
+    assert warm["derived"]["wall_loss_vs_best_native"] is True
+    assert by_case[("conv3d_fp32", "cache_warm")]["derived"]["wall_loss_vs_best_native"] is False
     failed = by_case[("resnet18_fp16_cl", "cache_warm")]
     assert "derived" not in failed and failed["error"] == FAILED_ERROR
-    assert len(data["targets"]) == 6 * 5 + 1 and data["targets"] == report["targets"]
+    assert len(data["targets"]) == 6 * 5 + 3 and data["targets"] == report["targets"]
 
     assert (tmp_path / "bench.md").read_text() == markdown
     for title, columns in (("First step and start-up", bench_report.START_COLUMNS),
@@ -121,16 +146,26 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | 0.41 | - | 0.00 s | 0.200 s | "
             "1.2 ms (159 entries) | 250.0 ms (100) | 0.55 s | 0.74 |") in start
     assert "| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | 25.00 | 4.90 s (159) | 4.20 s |" in start
-    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 ms | - | 1.42 | 1.42 | 600 / 0 / 0 / 0 | "
-            "100 / 0 / 0 |") in steady
-    assert "| MobileNetV2 bf16 channels_last bs64 | native_heuristic | 12.50 ms | - | 1.04 | 1.04 | - | - |" in steady
+    # wall and GPU time side by side as median [lo, hi]; the wall ratio (flagged) next to the GPU ratio
+    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 [34.03, 34.72] ms | 24.06 [23.82, 24.30] ms | "
+            "1.42 | 1.42 loss | 1.24 | 600 / 0 / 0 / 0 | 100 / 0 / 0 |") in steady
+    assert ("| MobileNetV2 bf16 channels_last bs64 | native_heuristic | 12.50 [12.38, 12.62] ms | "
+            "10.00 [9.90, 10.10] ms | 1.04 | 1.04 loss | 1.04 | - | - |") in steady
+    assert ("| MobileNetV2 bf16 channels_last bs64 | cache_warm | 11.25 [11.14, 11.36] ms | 7.87 [7.80, 7.95] ms | "
+            "0.94 | 0.94 | 0.82 |") in steady
+    assert ("| 3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2) | cache_warm | 12.02 [11.66, 12.38] ms | "
+            "8.41 [8.16, 8.67] ms | 1.04 | 1.04 (overlap) | 0.91 |") in steady
     for text in (start, steady):
         assert "FAILED: exit code 1: RuntimeError: cudnn_cache: miss \\| key" in text
         assert "Traceback: more" not in text  # the first line of the error only
     overhead = section(markdown, "Host overhead per call")
-    assert "| torch.ops.cudnn_cache.convolution | 10.0 us | 9.0 us |" in overhead
-    assert "| cudnn_cache.functional.conv2d | 11.0 us | 10.0 us |" in overhead
+    assert "| torch.ops.cudnn_cache.convolution | 10.0 [9.5, 10.5] us | 9.0 [8.5, 9.5] us |" in overhead
+    assert "| cudnn_cache.functional.conv2d | 11.0 [10.5, 11.5] us | 10.0 [9.5, 10.5] us |" in overhead
     assert "above the better native's: 1.5 us" in overhead
+    assert ("| training: F.conv2d forward + backward under cudnn_cache.intercept(True) | 158.0 [157.5, 158.5] us | "
+            "157.0 [156.5, 157.5] us |") in overhead
+    assert "Host time above the better native's: through the op 0.5 us, through intercept 2.0 us." in overhead
+    assert len(table_rows(overhead)) == (2 + 4) + (2 + 4)  # the forward table, then the training table
     assert "cudnn_cache.set_backend('graph')" in section(markdown, "Notes") and "plan_build_s is null" not in markdown
 
     chart = tmp_path / "bench.png"
@@ -156,6 +191,12 @@ def test_targets_met_missed_and_without_data(tmp_path):
     assert versus_bench["value"] == pytest.approx(1.25 * 24.9 / 29.9) and versus_bench["met"] is False
     best = targets[("resnet50_fp32", "warm steady ÷ better native steady")]
     assert (best["value"], best["met"], best["stretch_limit"], best["stretch_met"]) == (1.25, False, 0.95, False)
+    assert best["intervals_overlap"] is False  # 31.12 [30.81, 31.44] ms against 24.90 [24.65, 25.15] ms
+    # The 3-D stack's cache_warm: median 4% above native_benchmark's, inside its spread: not a loss.
+    overlap = targets[("conv3d_fp32", "warm steady ÷ better native steady")]
+    assert overlap["value"] == pytest.approx(1.01 * 11.9 / 11.6) and overlap["value"] > 1
+    assert (overlap["intervals_overlap"], overlap["met"], overlap["stretch_met"]) == (True, True, False)
+    assert targets[("conv3d_fp32", "warm steady ÷ native_benchmark steady")]["met"] is True
     best = targets[("mobilenet_v2_bf16_cl", "warm steady ÷ better native steady")]
     assert best["value"] == pytest.approx(0.9 * 12.5 / 12.0) and best["met"] is True and best["stretch_met"] is True
     tuning = "cold tuning (cache_cold first step − steady step)"
@@ -163,21 +204,29 @@ def test_targets_met_missed_and_without_data(tmp_path):
     no_warm = targets[("resnet18_fp16_cl", "warm first step")]  # its cache_warm failed
     assert no_warm["value"] is None and no_warm["met"] is None
     assert targets[("resnet18_fp16_cl", tuning)]["met"] is True
-    op = targets[("overhead", "op host time per call")]
-    assert (op["value"], op["limit"], op["met"]) == (1.5, 2.0, True)
+    op = targets[("overhead", "op host time per call in TorchScript")]
+    assert (op["value"], op["limit"], op["met"]) == (1.5, 1.0, False)
+    train_op = targets[("overhead", "eager training path (forward + backward) through the op")]
+    assert (train_op["value"], train_op["limit"], train_op["met"]) == (0.5, 1.0, True)
+    train_intercept = targets[("overhead", "eager training path (forward + backward) through intercept")]
+    assert (train_intercept["value"], train_intercept["limit"], train_intercept["met"]) == (2.0, 1.0, False)
 
     text = section(markdown, "Targets")
     rows = table_rows(text)
-    assert len(rows) == 2 + 31 and all(len(row) == 5 for row in rows)
+    assert len(rows) == 2 + 33 and all(len(row) == 5 for row in rows)
     assert "| ResNet-50 fp32 bs32 | warm first step ≤ native_heuristic first step | 0.30 s | 0.47 s | met |" in text
-    assert "| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed |" in text
-    assert "| 1.25 | 1.00 | missed; stretch 0.95: missed |" in text
+    assert ("| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed "
+            "(intervals apart) |") in text
+    assert "| 1.25 | 1.00 | missed (intervals apart); stretch 0.95: missed |" in text
+    assert "| 1.04 | 1.00 | met (median above, intervals overlap); stretch 0.95: missed |" in text
     assert "| 0.94 | 1.00 | met; stretch 0.95: met |" in text
     assert ("| ResNet-18 fp16 channels_last bs64 | warm first step ≤ native_heuristic first step | - | 0.56 s | "
             "no data |") in text
-    assert "| host overhead | op host time per call ≤ better native's + 2 us | 1.5 us | 2.0 us | met |" in text
+    assert "| host overhead | op host time per call in TorchScript ≤ native's + 1 us | 1.5 us | 1.0 us | missed |" in text
+    assert ("| host overhead | eager training path (forward + backward) through the op ≤ better native's + 1 us | "
+            "0.5 us | 1.0 us | met |") in text
     met = sum(t["met"] is True for t in report["targets"])
-    assert f"{met} of 31 met" in text
+    assert f"{met} of 33 met" in text
 
 
 def test_derived_columns_without_native_cases(tmp_path):
@@ -188,7 +237,8 @@ def test_derived_columns_without_native_cases(tmp_path):
     warm = next(c for c in report["cases"] if c["mode"] == "cache_warm" and "error" not in c)
     assert set(warm["derived"].values()) == {None}
     assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | 0.00 s | 0.200 s | 1.2 ms" in markdown
-    assert "| ResNet-50 fp32 bs32 | cache_warm | 31.12 ms | - | - |" in markdown
+    assert ("| ResNet-50 fp32 bs32 | cache_warm | 31.12 [30.81, 31.44] ms | 21.79 [21.57, 22.01] ms | - | - | - |"
+            in markdown)
     assert "Host overhead" not in markdown
     first = next(t for t in report["targets"] if t["workload"] == "resnet50_fp32")
     assert first["limit"] is None and first["met"] is None  # no native_heuristic case to compare with
@@ -220,7 +270,8 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
             pathlib.Path(command[command.index("--cache-file") + 1]).write_bytes(b"cache")
         if case == "overhead":
             return {"workload": "overhead", "results": {"op": {"wall_us": 1.0, "host_us": 1.0}}}
-        return {"workload": case.split(":")[0], "mode": case.split(":")[1], "first_s": 1.0, "steady_ms": 2.0}
+        return {"workload": case.split(":")[0], "mode": case.split(":")[1], "first_s": 1.0, "steady_ms": 2.0,
+                "wall_ms": figure(2.0, 0.01)}
 
     monkeypatch.setattr(bench, "run_subprocess", fake)
     args = bench.parse_args(["--workloads", "seed", "overhead", "conv3d_fp32", "--device", "cpu",
@@ -280,7 +331,7 @@ def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("arguments", [["--steps", "10"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
+@pytest.mark.parametrize("arguments", [["--steps", "10"], ["--steps", "29"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
                                        ["--workloads", "vgg"], ["--timeout", "0"], ["--backend", "cudnn"],
                                        ["--tuning", "flush_l2"], ["--tuning", "repetitions=many"]])
 def test_bad_arguments_exit_2(arguments):
@@ -304,6 +355,9 @@ def test_tuning_arguments_are_typed_and_passed_to_each_case():
     assert command[-4:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5"]
     assert "--audit" in command
     assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
+    quick = bench.parse_args(["--quick", "--steps", "20"])
+    quick_command = bench.case_command("seed:cache_warm", quick, None)
+    assert "--quick" in quick_command and bench.parse_args(quick_command[2:]).steps == 20
 
 
 def audit_row(stored, heuristic, benchmark, key, again=None):
@@ -366,7 +420,7 @@ def test_quick_arguments():
 
 
 def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
-    done = run_script("--device", "cpu", "--workloads", "seed", "overhead", "--steps", "20", "--warmup", "1",
+    done = run_script("--device", "cpu", "--workloads", "seed", "overhead", "--quick", "--steps", "20", "--warmup", "1",
                       "--output-dir", tmp_path, "--json", tmp_path / "raw.json")
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((tmp_path / "raw.json").read_text())
@@ -374,6 +428,13 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     for case in data["cases"]:
         assert "error" not in case, case
         assert len(case["steps_ms"]) == 20 and case["convolutions"] == 2 and case["first_s"] > 0
+        wall = case["wall_ms"]  # the JSON schema: every case's clocks, each a median with its interval
+        assert set(wall) == {"median", "lo", "hi", "n"} and wall["n"] == 20
+        assert wall["lo"] <= wall["median"] == case["steady_ms"] <= wall["hi"]
+        assert wall == bench_stats.median_interval(case["steps_ms"])
+        assert case["gpu_ms"] is None and case["gpu_steps_ms"] is None  # no GPU time on the CPU
+        assert case["derived"]["gpu_vs_best_native"] is None and case["derived"]["wall_loss_vs_best_native"] in (
+            True, False)
     cold, warm, intercepted = data["cases"][2:]
     for case in (cold, warm, intercepted):
         assert case["backend"] == "graph" and set(case["stats"]) >= {"hits", "tunes"}
@@ -390,10 +451,86 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     overhead = data["overhead"]
     results = overhead["results"]
     assert set(results) == {"native_heuristic", "native_benchmark", "op", "functional", "native_scripted",
-                            "op_scripted"}
+                            "op_scripted", "train_native_heuristic", "train_native_benchmark", "train_op",
+                            "train_intercept"}
+    for result in results.values():
+        assert len(result["host_us_rounds"]) == 20 and result["host_us_interval"]["n"] == 20
+        assert result["host_us_interval"] == bench_stats.median_interval(result["host_us_rounds"])
+        assert result["host_us"] == result["host_us_interval"]["median"]
+    train_native = min(results[name]["host_us"] for name in ("train_native_heuristic", "train_native_benchmark"))
+    assert overhead["train_op_overhead_above_native_us"] == pytest.approx(results["train_op"]["host_us"] - train_native)
+    assert overhead["train_intercept_overhead_above_native_us"] == pytest.approx(
+        results["train_intercept"]["host_us"] - train_native)
     native = min(results[name]["host_us"] for name in ("native_heuristic", "native_benchmark"))
     assert overhead["eager_op_overhead_above_native_us"] == pytest.approx(results["op"]["host_us"] - native)
     assert overhead["op_overhead_above_native_us"] == pytest.approx(
         results["op_scripted"]["host_us"] - results["native_scripted"]["host_us"])
     assert {t["workload"] for t in data["targets"]} == {"seed", "overhead"}
     assert (tmp_path / "bench.md").exists() and "| cache_warm |" in done.stdout and "## Targets" in done.stdout
+
+
+def test_median_interval_from_order_statistics():
+    # The known ranks of the distribution-free 95% interval of the median: 6th and 15th of 20, 10th and 21st of
+    # 30, 40th and 61st of 100; the smallest and largest of 6; none for 5.
+    assert [bench_stats.interval_ranks(n) for n in (6, 20, 30, 100)] == [1, 6, 10, 40]
+    values = [float(v) for v in range(30, 0, -1)]  # 30 .. 1, unsorted on purpose
+    assert bench_stats.median_interval(values) == {"median": 15.5, "lo": 10.0, "hi": 21.0, "n": 30}
+    assert bench_stats.median_interval([v * v for v in range(1, 21)]) == {"median": 110.5, "lo": 36, "hi": 225,
+                                                                          "n": 20}
+    assert bench_stats.median_interval([3, 1, 2, 6, 5, 4]) == {"median": 3.5, "lo": 1, "hi": 6, "n": 6}
+    with pytest.raises(ValueError, match="needs more than 5 values"):
+        bench_stats.median_interval([1, 2, 3, 4, 5])
+    # Each rank is the largest whose coverage is still >= 95%.
+    for n in (6, 20, 30, 100):
+        j = bench_stats.interval_ranks(n)
+        def coverage(rank):
+            return 1 - 2 * sum(math.comb(n, k) for k in range(rank)) / 2 ** n
+        assert coverage(j) >= 0.95 > coverage(j + 1)
+    assert bench_stats.format_interval({"median": 24.9, "lo": 24.65, "hi": 25.151}, ".2f", " ms") == (
+        "24.90 [24.65, 25.15] ms")
+
+
+def test_a_wall_clock_loss_needs_intervals_apart():
+    native = figure(10.0, 0.01)  # 10.0 [9.9, 10.1]
+    assert bench_report.wall_loss(figure(10.5, 0.01), native) is True  # 10.5 [10.395, 10.605]: apart
+    assert bench_report.wall_loss(figure(10.15, 0.01), native) is False  # higher, but [10.05, 10.25] overlaps
+    assert bench_report.wall_loss(figure(9.0, 0.01), native) is False  # faster
+    assert bench_report.wall_loss(None, native) is None and bench_report.wall_loss(native, None) is None
+    assert bench_stats.intervals_overlap({"lo": 1, "hi": 2}, {"lo": 2, "hi": 3})  # touching counts
+    assert not bench_stats.intervals_overlap({"lo": 1, "hi": 2}, {"lo": 2.01, "hi": 3})
+    # The better native mode is chosen per clock, by its median.
+    ok = {("w", "native_benchmark"): {"wall_ms": figure(10.0, 0.01), "gpu_ms": figure(8.0, 0.01)},
+          ("w", "native_heuristic"): {"wall_ms": figure(11.0, 0.01), "gpu_ms": figure(7.0, 0.01)}}
+    assert bench_report.better_native(ok, "w", "wall_ms")["median"] == 10.0
+    assert bench_report.better_native(ok, "w", "gpu_ms")["median"] == 7.0
+    assert bench_report.better_native(ok, "other", "wall_ms") is None
+
+
+def test_each_step_profiled_on_its_own_on_the_cpu():
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    ran = []
+
+    def step():
+        ran.append(1)
+        torch.ones(64, 64) @ torch.ones(64, 64)
+
+    per_step = bench_cases.profile_each_step(step, torch.device("cpu"), 3, [ProfilerActivity.CPU],
+                                             lambda profiler: [e.key for e in profiler.key_averages()])
+    assert len(ran) == 6 and len(per_step) == 3  # an untraced step before each traced one
+    assert all("aten::mm" in keys for keys in per_step)
+
+
+def test_gpu_time_per_step_sums_each_steps_kernels(monkeypatch):
+    import torch
+
+    # What profile_each_step hands back on a GPU: per step, (kernel, calls, microseconds).
+    steps = [[("gemm", 2, 300.0), ("relu", 1, 100.0)], [("gemm", 2, 500.0), ("relu", 1, 100.0)],
+             [("gemm", 2, 400.0), ("relu", 1, 200.0)]]
+    monkeypatch.setattr(bench_cases, "profile_each_step", lambda step, device, count, activities, measure: steps)
+    per_step, kernels = bench_cases.gpu_time_per_step(lambda: None, torch.device("cuda"), 3)
+    assert per_step == pytest.approx([0.4, 0.6, 0.6])
+    assert kernels == [{"name": "gemm", "calls": 2.0, "us": 400.0}, {"name": "relu", "calls": 1.0,
+                                                                      "us": pytest.approx(400.0 / 3)}]
+    assert bench_cases.gpu_time_per_step(lambda: None, torch.device("cpu"), 3) == (None, None)
