@@ -370,8 +370,13 @@ def notes(settings: dict) -> List[str]:
 def combine(paths: List[pathlib.Path]) -> dict:
     """One report of the JSON reports of several runs of this script on one machine (a run split in parts to
     fit a time limit): their cases and overhead, the first run's environment and settings, each part's
-    workloads and date in settings['parts']. Refuses reports of different GPUs, versions or settings."""
+    workloads and date in settings['parts']. Refuses reports of different GPUs, versions or settings, and
+    reports written before the clocks had intervals."""
     reports = [json.loads(path.read_text()) for path in paths]
+    for path, report in zip(paths, reports):
+        if any("error" not in case and "wall_ms" not in case for case in report["cases"]):
+            raise SystemExit(f"bench --combine: {path} has cases without wall_ms (written before the clocks had "
+                             "intervals, when gpu_ms was one number): re-run them with this script")
     first = reports[0]
     same = ("gpu", "torch", "cudnn")
     for path, report in zip(paths[1:], reports[1:]):

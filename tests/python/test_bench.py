@@ -316,6 +316,14 @@ def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
     with pytest.raises(SystemExit, match="ran with gpu 'NVIDIA A100'"):
         bench.main(["--combine", *map(str, parts), "--output-dir", str(tmp_path / "out2")])
 
+    earlier = json.loads(parts[0].read_text())  # as written before the clocks had intervals
+    for case in earlier["cases"]:
+        case.pop("wall_ms", None)
+        case["gpu_ms"] = 1.0
+    parts[0].write_text(json.dumps(earlier))
+    with pytest.raises(SystemExit, match="cases without wall_ms"):
+        bench.main(["--combine", str(parts[0]), "--output-dir", str(tmp_path / "out3")])
+
 
 def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "1,3,8,8",
