@@ -5,6 +5,7 @@ arguments (--quick, --backend) and exit codes, and the per-case subprocess plumb
 
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -16,14 +17,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench.py"
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+sys.path.insert(0, str(SCRIPT.parent))  # the bench's modules import one another by name, as the script does
+import bench  # noqa: E402
+import bench_cases  # noqa: E402
+import bench_report  # noqa: E402
+import bench_stats  # noqa: E402
 
 # workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms), from MEASURED.md
 # (MobileNetV2's made up)
@@ -45,41 +43,61 @@ def stats(tunes: int, plans_built: int) -> dict:
             "plan_rebuilds": 0}
 
 
+def figure(median: float, spread: float) -> dict:
+    """A median with a 95% interval of +- spread x median, as bench_stats.median_interval gives it."""
+    return {"median": median, "lo": (1 - spread) * median, "hi": (1 + spread) * median, "n": 30}
+
+
+def timed(workload: str, mode: str, steady: float, **fields) -> dict:
+    """A training case's result with its clocks: wall steps around `steady` (spread 1%, 3% for the 3-D stack,
+    whose cache_warm is within the spread of native), GPU time 0.8 x steady for native modes, 0.7 x for the
+    cache's."""
+    spread = 0.03 if workload == "conv3d_fp32" else 0.01
+    gpu = (0.8 if mode.startswith("native") else 0.7) * steady
+    return {"workload": workload, "mode": mode, "first_s": fields.pop("first_s"), "steady_ms": steady,
+            "steps_ms": [steady] * 30, "wall_ms": figure(steady, spread), "gpu_steps_ms": [gpu] * 30,
+            "gpu_ms": figure(gpu, spread), **fields}
+
+
 def synthetic_report() -> dict:
     """Results shaped like the child processes print them, for every workload and mode; resnet18's cache_warm
-    failed. cache_warm's steady step is 1.25 x native_heuristic's (0.9 x for MobileNetV2)."""
+    failed. cache_warm's steady step is 1.25 x native_heuristic's (0.9 x for MobileNetV2, 1.01 x for the 3-D
+    stack)."""
     cases = []
     for workload, (bench_first, bench_steady, heuristic_first, heuristic_steady) in NATIVE.items():
-        warm_steady = (0.9 if workload == "mobilenet_v2_bf16_cl" else 1.25) * heuristic_steady
+        warm_steady = {"mobilenet_v2_bf16_cl": 0.9, "conv3d_fp32": 1.01}.get(workload, 1.25) * heuristic_steady
         cases += [
-            {"workload": workload, "mode": "native_benchmark", "first_s": bench_first, "steady_ms": bench_steady,
-             "steps_ms": [bench_steady] * 20, "tuning_estimate_s": bench_first - bench_steady / 1e3},
-            {"workload": workload, "mode": "native_heuristic", "first_s": heuristic_first,
-             "steady_ms": heuristic_steady, "steps_ms": [heuristic_steady] * 20},
-            {"workload": workload, "mode": "cache_cold", "backend": "graph", "first_s": 5.0,
-             "steady_ms": 1.3 * heuristic_steady, "steps_ms": [1.3 * heuristic_steady] * 20,
-             "tuning_estimate_s": 4.9, "tune_s": 4.1976, "plan_build_s": 0.318, "stats": stats(159, 159),
-             "save_s": 0.002},
+            timed(workload, "native_benchmark", bench_steady, first_s=bench_first,
+                  tuning_estimate_s=bench_first - bench_steady / 1e3),
+            timed(workload, "native_heuristic", heuristic_steady, first_s=heuristic_first),
+            timed(workload, "cache_cold", 1.3 * heuristic_steady, backend="graph", first_s=5.0,
+                  tuning_estimate_s=4.9, tune_s=4.1976, plan_build_s=0.318, stats=stats(159, 159), save_s=0.002),
         ]
         if workload == "resnet18_fp16_cl":
             cases.append({"workload": workload, "mode": "cache_warm", "error": FAILED_ERROR, "process_s": 4.0})
         else:
-            cases.append({"workload": workload, "mode": "cache_warm", "backend": "graph", "first_s": 0.3,
-                          "steady_ms": warm_steady, "steps_ms": [warm_steady] * 20, "tune_s": 0.0,
-                          "plan_build_s": 0.2, "load_s": 0.0012, "loaded_entries": 159, "prepare_s": 0.25,
-                          "prepared_plans": 100, "warm_start_s": WARM_START_S, "plans_deserialized": 0,
-                          "stats": stats(0, 100)})
+            cases.append(timed(workload, "cache_warm", warm_steady, backend="graph", first_s=0.3, tune_s=0.0,
+                               plan_build_s=0.2, load_s=0.0012, loaded_entries=159, prepare_s=0.25,
+                               prepared_plans=100, warm_start_s=WARM_START_S, plans_deserialized=0,
+                               stats=stats(0, 100)))
+    overhead_us = {"native_heuristic": 8.0, "native_benchmark": 7.5, "op": 9.0, "functional": 10.0,
+                   "train_native_heuristic": 155.0, "train_native_benchmark": 156.0, "train_op": 155.5,
+                   "train_intercept": 157.0}
     overhead = {"workload": "overhead", "backend": "graph", "input": [1, 8, 8, 8], "weight": [8, 8, 3, 3],
-                "padding": 1, "calls": 1000, "repeats": 5, "stats": stats(0, 0), "op_overhead_above_native_us": 1.5,
-                "eager_op_overhead_above_native_us": 1.5,
-                "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 5}
-                            for name, us in (("native_heuristic", 8.0), ("native_benchmark", 7.5), ("op", 9.0),
-                                             ("functional", 10.0))}}
-    settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench.MODES), "backend": "graph", "quick": False,
+                "padding": 1, "calls": 1000, "repeats": 30, "train_input": [8, 16, 8, 8],
+                "train_weight": [16, 16, 3, 3], "train_calls": 50, "stats": stats(0, 0),
+                "op_overhead_above_native_us": 1.5, "eager_op_overhead_above_native_us": 1.5,
+                "train_op_overhead_above_native_us": 0.5, "train_intercept_overhead_above_native_us": 2.0,
+                "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 30,
+                                   "host_us_rounds": [us] * 30, "wall_us_interval": {"median": us + 1, "lo": us + 0.5,
+                                                                                     "hi": us + 1.5, "n": 30},
+                                   "host_us_interval": {"median": us, "lo": us - 0.5, "hi": us + 0.5, "n": 30}}
+                            for name, us in overhead_us.items()}}
+    settings = {"workloads": [*NATIVE, "overhead"], "modes": list(bench_cases.MODES), "backend": "graph", "quick": False,
                 "steps": 30, "warmup": 5, "timeout_s": 180.0, "device": "cuda"}
     environment = {"date": "2026-11-29T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
                    "cuda": "13.0", "cudnn": 91900, "cudnn_allow_tf32": True, "python": "3.11", "host": "test"}
-    return {"environment": environment, "settings": settings, "notes": bench.notes(settings), "cases": cases,
+    return {"environment": environment, "settings": settings, "notes": bench_report.notes(settings), "cases": cases,
             "overhead": overhead}
 
 
@@ -111,13 +129,16 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert warm["derived"]["steady_vs_best_native"] == pytest.approx(1.25 * 27.5 / 24.2)
     assert warm["derived"]["first_vs_native_heuristic_first"] == pytest.approx(0.3 / 0.74)
     assert warm["derived"]["warm_start_vs_native_heuristic_first"] == pytest.approx(WARM_START_S / 0.74)
+    assert warm["derived"]["gpu_vs_best_native"] == pytest.approx(0.7 * 1.25 * 27.5 / (0.8 * 24.2))
+    assert warm["derived"]["wall_loss_vs_best_native"] is True
+    assert by_case[("conv3d_fp32", "cache_warm")]["derived"]["wall_loss_vs_best_native"] is False
     failed = by_case[("resnet18_fp16_cl", "cache_warm")]
     assert "derived" not in failed and failed["error"] == FAILED_ERROR
-    assert len(data["targets"]) == 6 * 5 + 1 and data["targets"] == report["targets"]
+    assert len(data["targets"]) == 6 * 5 + 3 and data["targets"] == report["targets"]
 
     assert (tmp_path / "bench.md").read_text() == markdown
-    for title, columns in (("First step and start-up", bench.START_COLUMNS),
-                           ("Steady state", bench.STEADY_COLUMNS)):
+    for title, columns in (("First step and start-up", bench_report.START_COLUMNS),
+                           ("Steady state", bench_report.STEADY_COLUMNS)):
         rows = table_rows(section(markdown, title))
         assert len(rows) == 2 + 24 and len(rows[0]) == len(columns)
         assert all(len(row) == len(columns) for row in rows), f"{title}: every row has as many cells as the header"
@@ -125,16 +146,26 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | 0.41 | - | 0.00 s | 0.200 s | "
             "1.2 ms (159 entries) | 250.0 ms (100) | 0.55 s | 0.74 |") in start
     assert "| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | 25.00 | 4.90 s (159) | 4.20 s |" in start
-    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 ms | - | 1.42 | 1.42 | 600 / 0 / 0 / 0 | "
-            "100 / 0 / 0 |") in steady
-    assert "| MobileNetV2 bf16 channels_last bs64 | native_heuristic | 12.50 ms | - | 1.04 | 1.04 | - | - |" in steady
+    # wall and GPU time side by side as median [lo, hi]; the wall ratio (flagged) next to the GPU ratio
+    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 [34.03, 34.72] ms | 24.06 [23.82, 24.30] ms | "
+            "1.42 | 1.42 loss | 1.24 | 600 / 0 / 0 / 0 | 100 / 0 / 0 |") in steady
+    assert ("| MobileNetV2 bf16 channels_last bs64 | native_heuristic | 12.50 [12.38, 12.62] ms | "
+            "10.00 [9.90, 10.10] ms | 1.04 | 1.04 loss | 1.04 | - | - |") in steady
+    assert ("| MobileNetV2 bf16 channels_last bs64 | cache_warm | 11.25 [11.14, 11.36] ms | 7.87 [7.80, 7.95] ms | "
+            "0.94 | 0.94 | 0.82 |") in steady
+    assert ("| 3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2) | cache_warm | 12.02 [11.66, 12.38] ms | "
+            "8.41 [8.16, 8.67] ms | 1.04 | 1.04 (overlap) | 0.91 |") in steady
     for text in (start, steady):
         assert "FAILED: exit code 1: RuntimeError: cudnn_cache: miss \\| key" in text
         assert "Traceback: more" not in text  # the first line of the error only
     overhead = section(markdown, "Host overhead per call")
-    assert "| torch.ops.cudnn_cache.convolution | 10.0 us | 9.0 us |" in overhead
-    assert "| cudnn_cache.functional.conv2d | 11.0 us | 10.0 us |" in overhead
+    assert "| torch.ops.cudnn_cache.convolution | 10.0 [9.5, 10.5] us | 9.0 [8.5, 9.5] us |" in overhead
+    assert "| cudnn_cache.functional.conv2d | 11.0 [10.5, 11.5] us | 10.0 [9.5, 10.5] us |" in overhead
     assert "above the better native's: 1.5 us" in overhead
+    assert ("| training: F.conv2d forward + backward under cudnn_cache.intercept(True) | 158.0 [157.5, 158.5] us | "
+            "157.0 [156.5, 157.5] us |") in overhead
+    assert "Host time above the better native's: through the op 0.5 us, through intercept 2.0 us." in overhead
+    assert len(table_rows(overhead)) == (2 + 4) + (2 + 4)  # the forward table, then the training table
     assert "cudnn_cache.set_backend('graph')" in section(markdown, "Notes") and "plan_build_s is null" not in markdown
 
     chart = tmp_path / "bench.png"
@@ -148,7 +179,7 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
 def test_targets_met_missed_and_without_data(tmp_path):
     report = synthetic_report()
     markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
-    targets = {(t["workload"], t["target"].split(" ≤")[0]): t for t in bench.check_targets(report)}
+    targets = {(t["workload"], t["target"].split(" ≤")[0]): t for t in bench_report.check_targets(report)}
     assert all(set(t) >= {"workload", "target", "value", "limit", "met"} for t in targets.values())
 
     first = targets[("resnet50_fp32", "warm first step")]
@@ -160,6 +191,12 @@ def test_targets_met_missed_and_without_data(tmp_path):
     assert versus_bench["value"] == pytest.approx(1.25 * 24.9 / 29.9) and versus_bench["met"] is False
     best = targets[("resnet50_fp32", "warm steady ÷ better native steady")]
     assert (best["value"], best["met"], best["stretch_limit"], best["stretch_met"]) == (1.25, False, 0.95, False)
+    assert best["intervals_overlap"] is False  # 31.12 [30.81, 31.44] ms against 24.90 [24.65, 25.15] ms
+    # The 3-D stack's cache_warm: median 4% above native_benchmark's, inside its spread: not a loss.
+    overlap = targets[("conv3d_fp32", "warm steady ÷ better native steady")]
+    assert overlap["value"] == pytest.approx(1.01 * 11.9 / 11.6) and overlap["value"] > 1
+    assert (overlap["intervals_overlap"], overlap["met"], overlap["stretch_met"]) == (True, True, False)
+    assert targets[("conv3d_fp32", "warm steady ÷ native_benchmark steady")]["met"] is True
     best = targets[("mobilenet_v2_bf16_cl", "warm steady ÷ better native steady")]
     assert best["value"] == pytest.approx(0.9 * 12.5 / 12.0) and best["met"] is True and best["stretch_met"] is True
     tuning = "cold tuning (cache_cold first step − steady step)"
@@ -167,21 +204,29 @@ def test_targets_met_missed_and_without_data(tmp_path):
     no_warm = targets[("resnet18_fp16_cl", "warm first step")]  # its cache_warm failed
     assert no_warm["value"] is None and no_warm["met"] is None
     assert targets[("resnet18_fp16_cl", tuning)]["met"] is True
-    op = targets[("overhead", "op host time per call")]
-    assert (op["value"], op["limit"], op["met"]) == (1.5, 2.0, True)
+    op = targets[("overhead", "op host time per call in TorchScript")]
+    assert (op["value"], op["limit"], op["met"]) == (1.5, 1.0, False)
+    train_op = targets[("overhead", "eager training path (forward + backward) through the op")]
+    assert (train_op["value"], train_op["limit"], train_op["met"]) == (0.5, 1.0, True)
+    train_intercept = targets[("overhead", "eager training path (forward + backward) through intercept")]
+    assert (train_intercept["value"], train_intercept["limit"], train_intercept["met"]) == (2.0, 1.0, False)
 
     text = section(markdown, "Targets")
     rows = table_rows(text)
-    assert len(rows) == 2 + 31 and all(len(row) == 5 for row in rows)
+    assert len(rows) == 2 + 33 and all(len(row) == 5 for row in rows)
     assert "| ResNet-50 fp32 bs32 | warm first step ≤ native_heuristic first step | 0.30 s | 0.47 s | met |" in text
-    assert "| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed |" in text
-    assert "| 1.25 | 1.00 | missed; stretch 0.95: missed |" in text
+    assert ("| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed "
+            "(intervals apart) |") in text
+    assert "| 1.25 | 1.00 | missed (intervals apart); stretch 0.95: missed |" in text
+    assert "| 1.04 | 1.00 | met (median above, intervals overlap); stretch 0.95: missed |" in text
     assert "| 0.94 | 1.00 | met; stretch 0.95: met |" in text
     assert ("| ResNet-18 fp16 channels_last bs64 | warm first step ≤ native_heuristic first step | - | 0.56 s | "
             "no data |") in text
-    assert "| host overhead | op host time per call ≤ better native's + 2 us | 1.5 us | 2.0 us | met |" in text
+    assert "| host overhead | op host time per call in TorchScript ≤ native's + 1 us | 1.5 us | 1.0 us | missed |" in text
+    assert ("| host overhead | eager training path (forward + backward) through the op ≤ better native's + 1 us | "
+            "0.5 us | 1.0 us | met |") in text
     met = sum(t["met"] is True for t in report["targets"])
-    assert f"{met} of 31 met" in text
+    assert f"{met} of 33 met" in text
 
 
 def test_derived_columns_without_native_cases(tmp_path):
@@ -192,7 +237,8 @@ def test_derived_columns_without_native_cases(tmp_path):
     warm = next(c for c in report["cases"] if c["mode"] == "cache_warm" and "error" not in c)
     assert set(warm["derived"].values()) == {None}
     assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | 0.00 s | 0.200 s | 1.2 ms" in markdown
-    assert "| ResNet-50 fp32 bs32 | cache_warm | 31.12 ms | - | - |" in markdown
+    assert ("| ResNet-50 fp32 bs32 | cache_warm | 31.12 [30.81, 31.44] ms | 21.79 [21.57, 22.01] ms | - | - | - |"
+            in markdown)
     assert "Host overhead" not in markdown
     first = next(t for t in report["targets"] if t["workload"] == "resnet50_fp32")
     assert first["limit"] is None and first["met"] is None  # no native_heuristic case to compare with
@@ -224,7 +270,8 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
             pathlib.Path(command[command.index("--cache-file") + 1]).write_bytes(b"cache")
         if case == "overhead":
             return {"workload": "overhead", "results": {"op": {"wall_us": 1.0, "host_us": 1.0}}}
-        return {"workload": case.split(":")[0], "mode": case.split(":")[1], "first_s": 1.0, "steady_ms": 2.0}
+        return {"workload": case.split(":")[0], "mode": case.split(":")[1], "first_s": 1.0, "steady_ms": 2.0,
+                "wall_ms": figure(2.0, 0.01)}
 
     monkeypatch.setattr(bench, "run_subprocess", fake)
     args = bench.parse_args(["--workloads", "seed", "overhead", "conv3d_fp32", "--device", "cpu",
@@ -261,13 +308,21 @@ def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
     combined = json.loads((tmp_path / "out" / "all.json").read_text())
     assert len(combined["cases"]) == len(full["cases"]) and combined["overhead"] == full["overhead"]
     assert [p["workloads"] for p in combined["settings"]["parts"]] == [workloads[:1], workloads[1:]]
-    assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench.check_targets(full)}
+    assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench_report.check_targets(full)}
 
     other = json.loads(parts[1].read_text())
     other["environment"]["gpu"] = "NVIDIA A100"
     parts[1].write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="ran with gpu 'NVIDIA A100'"):
         bench.main(["--combine", *map(str, parts), "--output-dir", str(tmp_path / "out2")])
+
+    earlier = json.loads(parts[0].read_text())  # as written before the clocks had intervals
+    for case in earlier["cases"]:
+        case.pop("wall_ms", None)
+        case["gpu_ms"] = 1.0
+    parts[0].write_text(json.dumps(earlier))
+    with pytest.raises(SystemExit, match="cases without wall_ms"):
+        bench.main(["--combine", str(parts[0]), "--output-dir", str(tmp_path / "out3")])
 
 
 def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
@@ -284,7 +339,7 @@ def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("arguments", [["--steps", "10"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
+@pytest.mark.parametrize("arguments", [["--steps", "10"], ["--steps", "29"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
                                        ["--workloads", "vgg"], ["--timeout", "0"], ["--backend", "cudnn"],
                                        ["--tuning", "flush_l2"], ["--tuning", "repetitions=many"]])
 def test_bad_arguments_exit_2(arguments):
@@ -295,7 +350,7 @@ def test_bad_arguments_exit_2(arguments):
 
 def test_default_arguments():
     args = bench.parse_args([])
-    assert args.workloads == [*bench.WORKLOADS, "overhead"] and args.modes == list(bench.MODES)
+    assert args.workloads == [*bench.WORKLOADS, "overhead"] and args.modes == list(bench_cases.MODES)
     assert (args.steps, args.warmup, args.device, args.backend, args.quick) == (30, 5, "cuda", "graph", False)
     assert args.json == args.output_dir / "bench.json" and args.output_dir == ROOT / "docs"
     assert list(bench.WORKLOADS).index("mobilenet_v2_bf16_cl") == list(bench.WORKLOADS).index("resnet18_fp16_cl") + 1
@@ -308,53 +363,86 @@ def test_tuning_arguments_are_typed_and_passed_to_each_case():
     assert command[-4:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5"]
     assert "--audit" in command
     assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
+    quick = bench.parse_args(["--quick", "--steps", "20"])
+    quick_command = bench.case_command("seed:cache_warm", quick, None)
+    assert "--quick" in quick_command and bench.parse_args(quick_command[2:]).steps == 20
+
+
+def audit_row(stored, heuristic, benchmark, key, again=None):
+    """A row as cudnn_cache.audit() returns it; `again` is the stored config's second timing (default: the same)."""
+    return {"direction": "forward", "key": key, "stored_ms": stored, "heuristic_ms": heuristic,
+            "benchmark_ms": benchmark, "stored_engine": "engine 1", "heuristic_engine": "engine 2",
+            "benchmark_engine": "engine 3", "stored_again_ms": stored if again is None else again}
 
 
 def test_audit_summary_counts_keys_slower_than_native_beyond_noise():
-    def row(stored, heuristic, benchmark, key, again=None):
-        return {"direction": "forward", "key": key, "stored_ms": stored, "heuristic_ms": heuristic,
-                "benchmark_ms": benchmark, "stored_engine": "engine 1", "heuristic_engine": "engine 2",
-                "benchmark_engine": "engine 3", "stored_again_ms": stored if again is None else again}
-
-    rows = [row(1.0, 1.0, 1.0, "tie"), row(1.01, 1.0, 2.0, "within noise"), row(1.5, 1.0, 1.2, "slower"),
-            row(0.5, 1.0, 1.0, "faster")]
-    summary = bench.summarize_audit(rows)
+    rows = [audit_row(1.0, 1.0, 1.0, "tie"), audit_row(1.01, 1.0, 2.0, "within noise"),
+            audit_row(1.5, 1.0, 1.2, "slower"), audit_row(0.5, 1.0, 1.0, "faster")]
+    summary = bench_cases.summarize_audit(rows)
     assert summary["keys"] == 4 and summary["slower_than_native"] == 1 and summary["faster_than_native"] == 1
-    assert summary["resolution_us"] == 0.0
-    # A tiny key 10% slower by 0.002 ms, where the audit timed a config 0.003 ms apart from itself: a tie.
-    resolved = bench.summarize_audit(rows[:1] + [row(0.022, 0.020, 0.021, "tiny"), row(0.05, 0.05, 0.05, "self", 0.053)])
-    assert resolved["resolution_us"] == pytest.approx(3.0) and resolved["slower_than_native"] == 0
-    assert bench.summarize_audit(rows + [row(0.05, 0.05, 0.05, "self", 0.053)])["slower_than_native"] == 1
+    assert summary["resolution_us_median"] == 0.0 and summary["resolution_us_max"] == 0.0
+    assert [row["slower_than_native"] for row in summary["rows"]] == [False, False, True, False]
     assert summary["worst_ratio"] == pytest.approx(1.5) and summary["worst_key"] == "forward slower"
     assert summary["geomean_vs_heuristic"] == pytest.approx((1.0 * 1.01 * 1.5 * 0.5) ** 0.25)
     assert summary["stored_total_ms"] == pytest.approx(4.01)
-    assert bench.summarize_audit([]) == {"keys": 0, "rows": []}
+    assert bench_cases.summarize_audit([]) == {"keys": 0, "rows": []}
 
     summary["seconds"] = 3.0
     case = {"workload": "seed", "mode": "cache_cold", "audit": summary}
-    lines = bench.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
-    assert "## Per-key audit" in lines and any(bench.workload_label("seed") in line and "| 4 | 0.0 us | 1 | 1 |" in line
-                                               for line in lines)
-    assert bench.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
+    lines = bench_report.audit_table([case, {"workload": "seed", "mode": "native_benchmark"}])
+    assert "## Per-key audit" in lines and any(bench_report.workload_label("seed") in line
+                                               and "| 4 | 0.0 / 0.0 us | 1 | 1 |" in line for line in lines)
+    assert bench_report.audit_table([{"workload": "seed", "mode": "cache_cold"}]) == []
+
+
+def test_audit_resolution_is_each_keys_own():
+    # A noisy key: its stored config timed 0.100 ms apart from itself, so 10% slower (0.1 ms) is within its
+    # resolution. A steady key: timed identically twice, so 10% slower by 0.002 ms is beyond its resolution (0),
+    # though within the noisy key's: a resolution taken over the workload would have hidden it.
+    noisy = audit_row(1.10, 1.0, 1.05, "noisy", again=1.0)
+    steady = audit_row(0.022, 0.020, 0.021, "steady")
+    # A key 0.003 ms apart from itself, slower by 0.004 ms: beyond its own resolution.
+    beyond = audit_row(0.054, 0.050, 0.050, "beyond", again=0.051)
+    summary = bench_cases.summarize_audit([noisy, steady, beyond])
+    by_key = {row["key"]: row for row in summary["rows"]}
+    assert by_key["noisy"]["resolution_us"] == pytest.approx(100.0) and not by_key["noisy"]["slower_than_native"]
+    assert by_key["steady"]["resolution_us"] == 0.0 and by_key["steady"]["slower_than_native"]
+    assert by_key["beyond"]["resolution_us"] == pytest.approx(3.0) and by_key["beyond"]["slower_than_native"]
+    assert summary["slower_than_native"] == 2
+    assert summary["resolution_us_median"] == pytest.approx(3.0) and summary["resolution_us_max"] == pytest.approx(100.0)
+    # Slower by less than its own resolution: a tie.
+    within = bench_cases.summarize_audit([audit_row(0.054, 0.050, 0.050, "within", again=0.059)])
+    assert within["slower_than_native"] == 0
+    # A row from a build without stored_again_ms has resolution 0.
+    old = audit_row(1.5, 1.0, 1.0, "old")
+    del old["stored_again_ms"]
+    assert bench_cases.summarize_audit([old])["rows"][0]["resolution_us"] == 0.0
 
 
 def test_quick_arguments():
     args = bench.parse_args(["--quick"])
     assert args.workloads == ["seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", "overhead"]
-    assert (args.steps, args.warmup, args.modes) == (20, 3, list(bench.MODES))
+    assert (args.steps, args.warmup, args.modes) == (20, 3, list(bench_cases.MODES))
     args = bench.parse_args(["--quick", "--workloads", "conv3d_fp32", "--steps", "25", "--warmup", "0"])
     assert (args.workloads, args.steps, args.warmup) == (["conv3d_fp32"], 25, 0)
 
 
 def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
-    done = run_script("--device", "cpu", "--workloads", "seed", "overhead", "--steps", "20", "--warmup", "1",
+    done = run_script("--device", "cpu", "--workloads", "seed", "overhead", "--quick", "--steps", "20", "--warmup", "1",
                       "--output-dir", tmp_path, "--json", tmp_path / "raw.json")
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((tmp_path / "raw.json").read_text())
-    assert [c["mode"] for c in data["cases"]] == list(bench.MODES)
+    assert [c["mode"] for c in data["cases"]] == list(bench_cases.MODES)
     for case in data["cases"]:
         assert "error" not in case, case
         assert len(case["steps_ms"]) == 20 and case["convolutions"] == 2 and case["first_s"] > 0
+        wall = case["wall_ms"]  # the JSON schema: every case's clocks, each a median with its interval
+        assert set(wall) == {"median", "lo", "hi", "n"} and wall["n"] == 20
+        assert wall["lo"] <= wall["median"] == case["steady_ms"] <= wall["hi"]
+        assert wall == bench_stats.median_interval(case["steps_ms"])
+        assert case["gpu_ms"] is None and case["gpu_steps_ms"] is None  # no GPU time on the CPU
+        assert case["derived"]["gpu_vs_best_native"] is None and case["derived"]["wall_loss_vs_best_native"] in (
+            True, False)
     cold, warm, intercepted = data["cases"][2:]
     for case in (cold, warm, intercepted):
         assert case["backend"] == "graph" and set(case["stats"]) >= {"hits", "tunes"}
@@ -371,10 +459,86 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     overhead = data["overhead"]
     results = overhead["results"]
     assert set(results) == {"native_heuristic", "native_benchmark", "op", "functional", "native_scripted",
-                            "op_scripted"}
+                            "op_scripted", "train_native_heuristic", "train_native_benchmark", "train_op",
+                            "train_intercept"}
+    for result in results.values():
+        assert len(result["host_us_rounds"]) == 20 and result["host_us_interval"]["n"] == 20
+        assert result["host_us_interval"] == bench_stats.median_interval(result["host_us_rounds"])
+        assert result["host_us"] == result["host_us_interval"]["median"]
+    train_native = min(results[name]["host_us"] for name in ("train_native_heuristic", "train_native_benchmark"))
+    assert overhead["train_op_overhead_above_native_us"] == pytest.approx(results["train_op"]["host_us"] - train_native)
+    assert overhead["train_intercept_overhead_above_native_us"] == pytest.approx(
+        results["train_intercept"]["host_us"] - train_native)
     native = min(results[name]["host_us"] for name in ("native_heuristic", "native_benchmark"))
     assert overhead["eager_op_overhead_above_native_us"] == pytest.approx(results["op"]["host_us"] - native)
     assert overhead["op_overhead_above_native_us"] == pytest.approx(
         results["op_scripted"]["host_us"] - results["native_scripted"]["host_us"])
     assert {t["workload"] for t in data["targets"]} == {"seed", "overhead"}
     assert (tmp_path / "bench.md").exists() and "| cache_warm |" in done.stdout and "## Targets" in done.stdout
+
+
+def test_median_interval_from_order_statistics():
+    # The known ranks of the distribution-free 95% interval of the median: 6th and 15th of 20, 10th and 21st of
+    # 30, 40th and 61st of 100; the smallest and largest of 6; none for 5.
+    assert [bench_stats.interval_ranks(n) for n in (6, 20, 30, 100)] == [1, 6, 10, 40]
+    values = [float(v) for v in range(30, 0, -1)]  # 30 .. 1, unsorted on purpose
+    assert bench_stats.median_interval(values) == {"median": 15.5, "lo": 10.0, "hi": 21.0, "n": 30}
+    assert bench_stats.median_interval([v * v for v in range(1, 21)]) == {"median": 110.5, "lo": 36, "hi": 225,
+                                                                          "n": 20}
+    assert bench_stats.median_interval([3, 1, 2, 6, 5, 4]) == {"median": 3.5, "lo": 1, "hi": 6, "n": 6}
+    with pytest.raises(ValueError, match="needs more than 5 values"):
+        bench_stats.median_interval([1, 2, 3, 4, 5])
+    # Each rank is the largest whose coverage is still >= 95%.
+    for n in (6, 20, 30, 100):
+        j = bench_stats.interval_ranks(n)
+        def coverage(rank):
+            return 1 - 2 * sum(math.comb(n, k) for k in range(rank)) / 2 ** n
+        assert coverage(j) >= 0.95 > coverage(j + 1)
+    assert bench_stats.format_interval({"median": 24.9, "lo": 24.65, "hi": 25.151}, ".2f", " ms") == (
+        "24.90 [24.65, 25.15] ms")
+
+
+def test_a_wall_clock_loss_needs_intervals_apart():
+    native = figure(10.0, 0.01)  # 10.0 [9.9, 10.1]
+    assert bench_report.wall_loss(figure(10.5, 0.01), native) is True  # 10.5 [10.395, 10.605]: apart
+    assert bench_report.wall_loss(figure(10.15, 0.01), native) is False  # higher, but [10.05, 10.25] overlaps
+    assert bench_report.wall_loss(figure(9.0, 0.01), native) is False  # faster
+    assert bench_report.wall_loss(None, native) is None and bench_report.wall_loss(native, None) is None
+    assert bench_stats.intervals_overlap({"lo": 1, "hi": 2}, {"lo": 2, "hi": 3})  # touching counts
+    assert not bench_stats.intervals_overlap({"lo": 1, "hi": 2}, {"lo": 2.01, "hi": 3})
+    # The better native mode is chosen per clock, by its median.
+    ok = {("w", "native_benchmark"): {"wall_ms": figure(10.0, 0.01), "gpu_ms": figure(8.0, 0.01)},
+          ("w", "native_heuristic"): {"wall_ms": figure(11.0, 0.01), "gpu_ms": figure(7.0, 0.01)}}
+    assert bench_report.better_native(ok, "w", "wall_ms")["median"] == 10.0
+    assert bench_report.better_native(ok, "w", "gpu_ms")["median"] == 7.0
+    assert bench_report.better_native(ok, "other", "wall_ms") is None
+
+
+def test_each_step_profiled_on_its_own_on_the_cpu():
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    ran = []
+
+    def step():
+        ran.append(1)
+        torch.ones(64, 64) @ torch.ones(64, 64)
+
+    per_step = bench_cases.profile_each_step(step, torch.device("cpu"), 3, [ProfilerActivity.CPU],
+                                             lambda profiler: [e.key for e in profiler.key_averages()])
+    assert len(ran) == 6 and len(per_step) == 3  # an untraced step before each traced one
+    assert all("aten::mm" in keys for keys in per_step)
+
+
+def test_gpu_time_per_step_sums_each_steps_kernels(monkeypatch):
+    import torch
+
+    # What profile_each_step hands back on a GPU: per step, (kernel, calls, microseconds).
+    steps = [[("gemm", 2, 300.0), ("relu", 1, 100.0)], [("gemm", 2, 500.0), ("relu", 1, 100.0)],
+             [("gemm", 2, 400.0), ("relu", 1, 200.0)]]
+    monkeypatch.setattr(bench_cases, "profile_each_step", lambda step, device, count, activities, measure: steps)
+    per_step, kernels = bench_cases.gpu_time_per_step(lambda: None, torch.device("cuda"), 3)
+    assert per_step == pytest.approx([0.4, 0.6, 0.6])
+    assert kernels == [{"name": "gemm", "calls": 2.0, "us": 400.0}, {"name": "relu", "calls": 1.0,
+                                                                      "us": pytest.approx(400.0 / 3)}]
+    assert bench_cases.gpu_time_per_step(lambda: None, torch.device("cpu"), 3) == (None, None)

@@ -1,0 +1,451 @@
+"""scripts/bench.py's cases, each run in its own process (bench.py --case WORKLOAD:MODE or --case overhead):
+the training case of a workload in one mode, the host-overhead micro case, and the per-key audit after
+cache_cold. Each prints its result as one JSON line; scripts/bench_report.py turns them into the reports."""
+
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+import warnings
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
+
+from bench_stats import median_interval  # noqa: E402
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A model and its input: `model` is a torchvision name, or 'conv3d_stack' or 'seed' (defined below)."""
+    label: str
+    model: str
+    batch: int
+    shape: tuple  # input shape without the batch
+    dtype: str
+    channels_last: bool = False
+
+
+WORKLOADS: Dict[str, Workload] = {
+    "resnet50_fp32": Workload("ResNet-50 fp32 bs32", "resnet50", 32, (3, 224, 224), "float32"),
+    "resnet50_bf16_cl": Workload("ResNet-50 bf16 channels_last bs64", "resnet50", 64, (3, 224, 224), "bfloat16",
+                                 channels_last=True),
+    "resnet18_fp16_cl": Workload("ResNet-18 fp16 channels_last bs64", "resnet18", 64, (3, 224, 224), "float16",
+                                 channels_last=True),
+    "mobilenet_v2_bf16_cl": Workload("MobileNetV2 bf16 channels_last bs64", "mobilenet_v2", 64, (3, 224, 224),
+                                     "bfloat16", channels_last=True),
+    "conv3d_fp32": Workload("3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2)", "conv3d_stack", 2,
+                            (1, 64, 64, 64), "float32"),
+    "seed": Workload("two-conv model of the seed (bs7, 32x32)", "seed", 7, (3, 32, 32), "float32"),
+}
+OVERHEAD = "overhead"  # the host-overhead micro case, selected with --workloads like a workload
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    benchmark: bool              # torch.backends.cudnn.benchmark
+    miss_policy: Optional[str]   # None: native convolutions; else convert() and run through the cache
+    tunes: bool                  # the first step autotunes (so first - steady estimates the tuning time)
+    intercept: bool = False      # the model is not converted: cudnn_cache.intercept() routes its convolutions
+
+
+MODES: Dict[str, Mode] = {
+    "native_benchmark": Mode(benchmark=True, miss_policy=None, tunes=True),
+    "native_heuristic": Mode(benchmark=False, miss_policy=None, tunes=False),
+    "cache_cold": Mode(benchmark=False, miss_policy="tune", tunes=True),
+    "cache_warm": Mode(benchmark=False, miss_policy="error", tunes=False),
+    "cache_intercept": Mode(benchmark=False, miss_policy="error", tunes=False, intercept=True),
+}
+LOADS_COLD_FILE = ("cache_warm", "cache_intercept")  # modes that load the file cache_cold saved
+
+# The micro case: a tiny convolution, forward only, called OVERHEAD_CALLS times without synchronizing; and the
+# eager training path, forward + backward of a 16 -> 16 3x3 convolution, TRAIN_CALLS times. --steps rounds each.
+OVERHEAD_INPUT = (1, 8, 8, 8)
+OVERHEAD_WEIGHT = (8, 8, 3, 3)
+OVERHEAD_CALLS = 1000
+TRAIN_INPUT = (8, 16, 8, 8)
+TRAIN_WEIGHT = (16, 16, 3, 3)
+TRAIN_CALLS = 50
+
+OVERHEAD_LABELS = {  # its rows: result name -> the call timed
+    "native_heuristic": "F.conv2d (benchmark=False)",
+    "native_benchmark": "F.conv2d (benchmark=True)",
+    "op": "torch.ops.cudnn_cache.convolution",
+    "functional": "cudnn_cache.functional.conv2d",
+    "native_scripted": "torch.conv2d in a TorchScript loop (benchmark=False)",
+    "op_scripted": "cudnn_cache::convolution in a TorchScript loop",
+    "train_native_heuristic": "training: F.conv2d forward + backward (benchmark=False)",
+    "train_native_benchmark": "training: F.conv2d forward + backward (benchmark=True)",
+    "train_op": "training: torch.ops.cudnn_cache.convolution (a converted module's call) forward + backward",
+    "train_intercept": "training: F.conv2d forward + backward under cudnn_cache.intercept(True)",
+}
+NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
+NATIVE_TRAIN_OVERHEADS = ("train_native_heuristic", "train_native_benchmark")
+# From Python, torch.ops.<library>.<op> parses its arguments against the schema on every call, which F.conv2d's
+# generated binding does not; in TorchScript both are one interpreter call. So the op's own host overhead is
+# the scripted pair's difference, and the eager rows show what a Python caller pays on top.
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_call(function: Callable[[], object], device: torch.device) -> Tuple[object, float]:
+    """(function(), its wall seconds), with the device synchronized before and after."""
+    synchronize(device)
+    started = time.perf_counter()
+    value = function()
+    synchronize(device)
+    return value, time.perf_counter() - started
+
+
+def timed(function: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of function(), with the device synchronized before and after."""
+    return timed_call(function, device)[1]
+
+
+def build_model(workload: Workload) -> torch.nn.Module:
+    from torch import nn
+
+    if workload.model == "seed":
+        return nn.Sequential(nn.Conv2d(3, 64, 3, padding="same"), nn.ReLU(), nn.Conv2d(64, 32, 3), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 1))
+    if workload.model == "conv3d_stack":
+        # As baseline_autotune.py defines it: six 3x3x3 convolutions with ReLU, then a 1x1x1 head to 1 channel.
+        layers, channels = [], workload.shape[0]
+        for out in (16, 32, 64, 64, 32, 16):
+            layers += [nn.Conv3d(channels, out, 3, padding=1), nn.ReLU()]
+            channels = out
+        return nn.Sequential(*layers, nn.Conv3d(channels, 1, 1))
+    import torchvision
+
+    return torchvision.models.get_model(workload.model, weights=None)
+
+
+def model_and_input(workload: Workload, device: torch.device, cache, convert: bool = True) -> tuple:
+    """The model (converted when `cache` is the cudnn_cache module and `convert`), its input, and its
+    convolution count."""
+    torch.manual_seed(0)
+    model = build_model(workload)
+    convolutions = sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    if cache is not None and convert:
+        cache.convert(model)
+    dtype = getattr(torch, workload.dtype)
+    model = model.to(device=device, dtype=dtype).train()
+    x = torch.rand(workload.batch, *workload.shape).to(device=device, dtype=dtype)
+    if workload.channels_last:
+        memory_format = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
+        model = model.to(memory_format=memory_format)
+        x = x.contiguous(memory_format=memory_format)
+    return model, x.requires_grad_(True), convolutions
+
+
+def initialise_libraries(device: torch.device, cache) -> None:
+    """Runs a tiny convolution forward and backward, natively and (in cache modes) through the cache under the
+    'heuristic' policy, which stores nothing: CUDA, cuBLAS, cuDNN and the ops are set up before the first step."""
+    import torch.nn.functional as F
+
+    x = torch.rand(1, 1, 5, 5, device=device, requires_grad=True)
+    w = torch.rand(1, 1, 2, 2, device=device)
+    F.conv2d(x, w).sum().backward()
+    if cache is not None:
+        cache.set_miss_policy("heuristic")
+        cache.functional.conv2d(x, w).sum().backward()
+    synchronize(device)
+
+
+def microseconds_as_seconds(stats: dict, key: str) -> Optional[float]:
+    """stats[key], a time in microseconds, in seconds; None when this build of the ops does not count it."""
+    value = stats.get(key)
+    return None if value is None else value / 1e6
+
+
+def run_training_case(workload_name: str, mode_name: str, args) -> dict:
+    workload, mode, device = WORKLOADS[workload_name], MODES[mode_name], torch.device(args.device)
+    torch.backends.cudnn.benchmark = mode.benchmark
+    cache = None
+    if mode.miss_policy is not None:
+        import cudnn_cache as cache
+        cache.set_backend(args.backend)
+        cache.set_tuning_options(**args.tuning)
+    initialise_libraries(device, cache)
+
+    result = {"workload": workload_name, "mode": mode_name}
+    if cache is not None:
+        result["backend"] = cache.backend()
+        cache.clear()
+        cache.reset_stats()  # here, so that what load() counts (plans_deserialized) stays in the stats
+        if mode_name in LOADS_COLD_FILE:
+            result["loaded_entries"], result["load_s"] = timed_call(lambda: cache.load(args.cache_file), device)
+    model, x, result["convolutions"] = model_and_input(workload, device, cache, convert=not mode.intercept)
+    if cache is not None:
+        cache.set_miss_policy(mode.miss_policy)
+        if mode.intercept:
+            cache.intercept(True)
+        if mode_name in LOADS_COLD_FILE:
+            # On the CPU there is no cuDNN and so no plan to build: prepare is not called, and counts as 0 s.
+            result["prepared_plans"], result["prepare_s"] = (
+                timed_call(cache.prepare, device) if device.type == "cuda" else (None, None))
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+
+    result["first_s"] = timed(step, device)
+    for _ in range(args.warmup):
+        step()
+    steps = [timed(step, device) for _ in range(args.steps)]
+    result["steps_ms"] = [1e3 * s for s in steps]
+    result["wall_ms"] = median_interval(result["steps_ms"])
+    result["steady_ms"] = result["wall_ms"]["median"]  # the name earlier reports gave it
+    result["gpu_steps_ms"], result["top_kernels"] = gpu_time_per_step(step, device, args.steps)
+    result["gpu_ms"] = None if result["gpu_steps_ms"] is None else median_interval(result["gpu_steps_ms"])
+    if mode.tunes:
+        result["tuning_estimate_s"] = result["first_s"] - result["steady_ms"] / 1e3
+    if cache is not None:
+        result["stats"] = stats = cache.stats()
+        result["tune_s"] = microseconds_as_seconds(stats, "tune_us")
+        result["plan_build_s"] = microseconds_as_seconds(stats, "plan_build_us")
+        if mode_name == "cache_cold":
+            started = time.perf_counter()
+            cache.save(args.cache_file)
+            result["save_s"] = time.perf_counter() - started
+            if args.audit and device.type == "cuda":
+                started = time.perf_counter()
+                result["audit"] = summarize_audit(cache.audit())
+                result["audit"]["seconds"] = time.perf_counter() - started
+        if mode_name in LOADS_COLD_FILE:
+            result["plans_deserialized"] = stats.get("plans_deserialized")
+            result["warm_start_s"] = result["load_s"] + (result["prepare_s"] or 0.0) + result["first_s"]
+    return result
+
+
+TOP_KERNELS = 25  # kept per case in the JSON, with calls and time per step
+AUDIT_NOISE = 1.02  # an audited time within 2% of another counts as a tie
+
+
+def summarize_audit(rows: List[dict]) -> dict:
+    """cudnn_cache.audit()'s rows, summarised: per key, the stored choice's time over the faster of the two
+    native choices (all measured the same way) and the key's resolution; how many keys are slower than native
+    by more than AUDIT_NOISE and by more than their own resolution; the geometric means against each native
+    mode; and the worst key. Each row gains resolution_us and slower_than_native.
+
+    A key's resolution is the gap between its stored config's two timings (stored_ms and stored_again_ms, taken
+    in the same rounds): a kernel of 10 us times within about 1 us of itself, 10%, so a smaller gap says nothing
+    about which of two configs is faster. Each key is judged by its own, not by the noisiest key of the
+    workload. A row without stored_again_ms (an older build) has resolution 0."""
+    summary = {"keys": len(rows), "rows": rows}
+    if not rows:
+        return summary
+    native = [min(row["heuristic_ms"], row["benchmark_ms"]) for row in rows]
+    ratios = [row["stored_ms"] / best for row, best in zip(rows, native)]
+    worst = max(range(len(rows)), key=ratios.__getitem__)
+    for row, best, key_ratio in zip(rows, native, ratios):
+        resolution_ms = abs(row["stored_ms"] - row.get("stored_again_ms", row["stored_ms"]))
+        row["resolution_us"] = 1e3 * resolution_ms
+        row["slower_than_native"] = key_ratio > AUDIT_NOISE and row["stored_ms"] - best > resolution_ms
+    resolutions = [row["resolution_us"] for row in rows]
+
+    def geomean(values):
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+
+    summary.update(
+        resolution_us_median=statistics.median(resolutions), resolution_us_max=max(resolutions),
+        slower_than_native=sum(row["slower_than_native"] for row in rows),
+        faster_than_native=sum(r < 1 / AUDIT_NOISE for r in ratios),
+        geomean_vs_heuristic=geomean([r["stored_ms"] / r["heuristic_ms"] for r in rows]),
+        geomean_vs_benchmark=geomean([r["stored_ms"] / r["benchmark_ms"] for r in rows]),
+        worst_ratio=ratios[worst], worst_key=f"{rows[worst]['direction']} {rows[worst]['key']}",
+        stored_total_ms=sum(r["stored_ms"] for r in rows),
+        heuristic_total_ms=sum(r["heuristic_ms"] for r in rows),
+        benchmark_total_ms=sum(r["benchmark_ms"] for r in rows))
+    return summary
+
+
+def profile_each_step(step: Callable[[], None], device: torch.device, steps: int, activities: list,
+                      measure: Callable[[object], object]) -> list:
+    """measure(profiler) of each of `steps` steps, each profiled on its own: torch.profiler's schedule cycles
+    through one untraced warm-up step and one traced step, and hands each traced step to measure (its
+    on_trace_ready), so 2 x steps steps run. The step is synchronized before its trace closes."""
+    from torch.profiler import profile, schedule
+
+    measured = []
+    with warnings.catch_warnings():
+        # It warns that each cycle starts with no events: what makes each measurement one step's.
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=steps),
+                     on_trace_ready=lambda profiler: measured.append(measure(profiler))) as profiler:
+            for _ in range(2 * steps):
+                step()
+                synchronize(device)
+                profiler.step()
+    return measured
+
+
+def gpu_time_per_step(step: Callable[[], None], device: torch.device,
+                      steps: int) -> Tuple[Optional[List[float]], Optional[List[dict]]]:
+    """Milliseconds the GPU spends running kernels and copies in each of `steps` steps, each step profiled on
+    its own by torch.profiler, and the kernels that take most of it over all of them (name, calls and
+    microseconds per step); (None, None) on the CPU. Against the steady step, it tells slower kernels from host
+    time the GPU waits on."""
+    if device.type != "cuda":
+        return None, None
+    from torch.profiler import ProfilerActivity
+
+    def kernels(profiler):
+        return [(e.key, e.count, e.self_device_time_total) for e in profiler.key_averages()
+                if e.self_device_time_total > 0]
+
+    per_step = profile_each_step(step, device, steps, [ProfilerActivity.CUDA], kernels)
+    totals: Dict[str, List[float]] = {}  # kernel -> [calls, microseconds] over every profiled step
+    for events in per_step:
+        for name, calls, us in events:
+            total = totals.setdefault(name, [0, 0.0])
+            total[0] += calls
+            total[1] += us
+    top = sorted(totals.items(), key=lambda item: item[1][1], reverse=True)[:TOP_KERNELS]
+    return ([sum(us for _, _, us in events) / 1e3 for events in per_step],
+            [{"name": name[:120], "calls": calls / steps, "us": us / steps} for name, (calls, us) in top])
+
+
+def run_overhead_case(args) -> dict:
+    """Host overhead per call, the cache warm (tuned before timing, then miss policy 'error'). Each row times a
+    round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
+    host-only time before that synchronize; --steps rounds, interleaved so drift hits every row alike, give
+    each row's median and its 95% interval (bench_stats). The forward rows make OVERHEAD_CALLS no-grad calls of
+    a tiny convolution; the training rows TRAIN_CALLS iterations of forward + backward (torch.autograd.grad
+    of input and weight) of a 16 -> 16 3x3 convolution.
+    op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
+    (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python;
+    train_op_overhead_above_native_us and train_intercept_overhead_above_native_us: the training rows' host
+    time per iteration through the op (as a converted module calls it) and through intercept, above the
+    better native's."""
+    import torch.nn.functional as F
+
+    import cudnn_cache
+
+    device = torch.device(args.device)
+    cudnn_cache.set_backend(args.backend)
+    initialise_libraries(device, cudnn_cache)
+    x = torch.rand(*OVERHEAD_INPUT, device=device)
+    w = torch.rand(*OVERHEAD_WEIGHT, device=device)
+    train_x = torch.rand(*TRAIN_INPUT, device=device, requires_grad=True)
+    train_w = torch.rand(*TRAIN_WEIGHT, device=device, requires_grad=True)
+    train_grad = torch.ones(TRAIN_INPUT[0], TRAIN_WEIGHT[0], *TRAIN_INPUT[2:], device=device)
+    op = torch.ops.cudnn_cache.convolution
+
+    def forward_calls(call):
+        def calls():
+            with torch.no_grad():
+                for _ in range(OVERHEAD_CALLS):
+                    call()
+        return calls
+
+    def training_calls(convolution):
+        def calls():
+            for _ in range(TRAIN_CALLS):
+                torch.autograd.grad(convolution(train_x, train_w), (train_x, train_w), train_grad)
+        return calls
+
+    def native(x, w):
+        return F.conv2d(x, w, padding=1)
+
+    def through_op(x, w):
+        return op(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+
+    native_loop, op_loop = torch.jit.script(scripted_native_loop), torch.jit.script(scripted_op_loop)
+    rows = {  # name (as in OVERHEAD_LABELS) -> (cudnn.benchmark, intercept, calls per round, a round of calls)
+        "native_heuristic": (False, False, OVERHEAD_CALLS, forward_calls(lambda: native(x, w))),
+        "native_benchmark": (True, False, OVERHEAD_CALLS, forward_calls(lambda: native(x, w))),
+        "op": (False, False, OVERHEAD_CALLS, forward_calls(lambda: through_op(x, w))),
+        "functional": (False, False, OVERHEAD_CALLS,
+                       forward_calls(lambda: cudnn_cache.functional.conv2d(x, w, padding=1))),
+        "native_scripted": (False, False, OVERHEAD_CALLS, scripted_round(native_loop, x, w)),
+        "op_scripted": (False, False, OVERHEAD_CALLS, scripted_round(op_loop, x, w)),
+        "train_native_heuristic": (False, False, TRAIN_CALLS, training_calls(native)),
+        "train_native_benchmark": (True, False, TRAIN_CALLS, training_calls(native)),
+        "train_op": (False, False, TRAIN_CALLS, training_calls(through_op)),
+        "train_intercept": (False, True, TRAIN_CALLS, training_calls(native)),
+    }
+
+    def time_round(benchmark: bool, intercept: bool, calls: int, round_of_calls) -> tuple:
+        torch.backends.cudnn.benchmark = benchmark
+        cudnn_cache.intercept(intercept)
+        synchronize(device)
+        started = time.perf_counter()
+        round_of_calls()
+        queued = time.perf_counter()
+        synchronize(device)
+        finished = time.perf_counter()
+        cudnn_cache.intercept(False)
+        return 1e6 * (finished - started) / calls, 1e6 * (queued - started) / calls
+
+    cudnn_cache.set_miss_policy("tune")
+    for row in rows.values():  # warm-up: tunes the cache entries and native's benchmark cache
+        time_round(*row)
+    cudnn_cache.set_miss_policy("error")
+    cudnn_cache.reset_stats()
+    rounds = {name: [] for name in rows}
+    for _ in range(args.steps):
+        for name, row in rows.items():
+            rounds[name].append(time_round(*row))
+
+    results = {}
+    for name in rows:
+        wall, host = [r[0] for r in rounds[name]], [r[1] for r in rounds[name]]
+        results[name] = {"wall_us": statistics.median(wall), "host_us": statistics.median(host),
+                         "wall_us_interval": median_interval(wall), "host_us_interval": median_interval(host),
+                         "wall_us_rounds": wall, "host_us_rounds": host}
+
+    def above_better_native(name: str, natives) -> float:
+        return results[name]["host_us"] - min(results[native]["host_us"] for native in natives)
+
+    return {"workload": OVERHEAD, "backend": cudnn_cache.backend(), "input": list(OVERHEAD_INPUT),
+            "weight": list(OVERHEAD_WEIGHT), "padding": 1, "calls": OVERHEAD_CALLS, "repeats": args.steps,
+            "train_input": list(TRAIN_INPUT), "train_weight": list(TRAIN_WEIGHT), "train_calls": TRAIN_CALLS,
+            "results": results,
+            "op_overhead_above_native_us": above_better_native("op_scripted", ["native_scripted"]),
+            "eager_op_overhead_above_native_us": above_better_native("op", NATIVE_OVERHEADS),
+            "train_op_overhead_above_native_us": above_better_native("train_op", NATIVE_TRAIN_OVERHEADS),
+            "train_intercept_overhead_above_native_us": above_better_native("train_intercept",
+                                                                            NATIVE_TRAIN_OVERHEADS),
+            "stats": cudnn_cache.stats()}
+
+
+def scripted_round(loop, x: torch.Tensor, w: torch.Tensor) -> Callable[[], None]:
+    """A round of OVERHEAD_CALLS no-grad calls made by a TorchScript loop."""
+    def calls():
+        with torch.no_grad():
+            loop(x, w, OVERHEAD_CALLS)
+    return calls
+
+
+# The outputs are kept in a list: TorchScript removes calls whose results nobody uses.
+def scripted_native_loop(x: torch.Tensor, w: torch.Tensor, calls: int) -> List[torch.Tensor]:
+    outputs: List[torch.Tensor] = []
+    for _ in range(calls):
+        outputs.append(torch.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1))
+    return outputs
+
+
+def scripted_op_loop(x: torch.Tensor, w: torch.Tensor, calls: int) -> List[torch.Tensor]:
+    outputs: List[torch.Tensor] = []
+    for _ in range(calls):
+        outputs.append(torch.ops.cudnn_cache.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1))
+    return outputs
+
+
+def run_case(args) -> int:
+    """The --case entry point: runs one case and prints its result as one JSON line."""
+    if args.case == OVERHEAD:
+        result = run_overhead_case(args)
+    else:
+        workload_name, mode_name = args.case.split(":")
+        result = run_training_case(workload_name, mode_name, args)
+    print(json.dumps(result), flush=True)
+    return 0

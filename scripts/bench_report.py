@@ -1,0 +1,398 @@
+"""scripts/bench.py's reports: the derived figures, the targets, the markdown tables, and --combine's merge of
+the JSON reports of several runs."""
+
+import json
+import math
+import pathlib
+from typing import Dict, List, Optional, Tuple
+
+from bench_cases import AUDIT_NOISE, OVERHEAD, OVERHEAD_LABELS, WORKLOADS
+from bench_stats import format_interval, intervals_overlap
+
+# The targets (see check_targets).
+TARGET_WARM_START_S = 1.5          # load + prepare + first step of cache_warm
+TARGET_STEADY_STRETCH = 0.95       # of the better native steady step; 'met' is judged at 1.00
+TARGET_OP_OVERHEAD_US = 1.0        # the op's host time per call above native's, in TorchScript
+TARGET_TRAIN_OVERHEAD_US = 1.0     # host time per forward + backward above the better native's, eager
+TARGET_INTERCEPT_RATIO = 1.02      # cache_intercept's steady step over cache_warm's (run-to-run noise)
+
+
+def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def successful(cases: List[dict]) -> Dict[Tuple[str, str], dict]:
+    """The cases that ran, by (workload, mode)."""
+    return {(c["workload"], c["mode"]): c for c in cases if "error" not in c}
+
+
+NATIVE_MODES = ("native_benchmark", "native_heuristic")
+CLOCKS = ("wall_ms", "gpu_ms")  # each a median_interval result per case, in ms; gpu_ms is null on the CPU
+
+
+def better_native(ok: Dict[Tuple[str, str], dict], workload: str, clock: str) -> Optional[dict]:
+    """The figure (median and interval) on `clock` of whichever native mode has the lower median on that
+    clock; None when neither ran or measured it."""
+    figures = [ok[(workload, m)].get(clock) for m in NATIVE_MODES if (workload, m) in ok]
+    figures = [figure for figure in figures if figure is not None]
+    return min(figures, key=lambda figure: figure["median"]) if figures else None
+
+
+def median_of(figure: Optional[dict]) -> Optional[float]:
+    return None if figure is None else figure["median"]
+
+
+def wall_loss(figure: Optional[dict], reference: Optional[dict]) -> Optional[bool]:
+    """Whether `figure` loses to `reference` on the wall clock: its median is higher and the two 95% intervals
+    do not overlap (a higher median inside the spread is not counted as a loss); None without both."""
+    if figure is None or reference is None:
+        return None
+    return figure["median"] > reference["median"] and not intervals_overlap(figure, reference)
+
+
+def add_derived(cases: List[dict]) -> None:
+    """Adds case['derived'] to every successful case, within its workload, None where a case is missing:
+    steady_vs_native_benchmark, steady_vs_best_native: the wall-clock median over native_benchmark's and over
+    the better native mode's; gpu_vs_best_native: the GPU-time median over the better native mode's on that
+    clock; wall_loss_vs_best_native: see wall_loss; first step ÷ native_heuristic first step and (cache_warm)
+    warm start ÷ native_heuristic first step."""
+    ok = successful(cases)
+    for case in ok.values():
+        def native(mode, key):
+            return ok.get((case["workload"], mode), {}).get(key)
+
+        best_wall, best_gpu = (better_native(ok, case["workload"], clock) for clock in CLOCKS)
+        case["derived"] = {
+            "steady_vs_native_benchmark": ratio(case["steady_ms"], native("native_benchmark", "steady_ms")),
+            "steady_vs_best_native": ratio(case["steady_ms"], median_of(best_wall)),
+            "gpu_vs_best_native": ratio(median_of(case.get("gpu_ms")), median_of(best_gpu)),
+            "wall_loss_vs_best_native": wall_loss(case.get("wall_ms"), best_wall),
+            "first_vs_native_heuristic_first": ratio(case["first_s"], native("native_heuristic", "first_s")),
+            "warm_start_vs_native_heuristic_first": ratio(case.get("warm_start_s"),
+                                                          native("native_heuristic", "first_s")),
+        }
+
+
+def check_targets(report: dict) -> List[dict]:
+    """The targets, for every workload with a cache_cold or cache_warm case, then for the host overhead:
+    dicts {workload, target, value, limit, unit, met}, met = value <= limit, or None (no data) when a case it
+    needs is missing or failed. The better-native-steady target also has stretch_limit and stretch_met.
+
+    The two wall-clock steady targets compare medians and also carry intervals_overlap, whether the 95%
+    intervals of the two steady steps overlap: a median above the limit is a loss (met False) only when they
+    do not (see wall_loss); the stretch is judged on the medians alone."""
+    ok, targets = successful(report["cases"]), []
+
+    def target(workload, text, value, limit, unit, stretch_limit=None, overlap=None):
+        row = {"workload": workload, "target": text, "value": value, "limit": limit, "unit": unit,
+               "met": None if value is None or limit is None else value <= limit or bool(overlap)}
+        if overlap is not None:
+            row["intervals_overlap"] = overlap
+        if stretch_limit is not None:
+            row.update(stretch_limit=stretch_limit, stretch_met=None if value is None else value <= stretch_limit)
+        targets.append(row)
+
+    workloads = dict.fromkeys(c["workload"] for c in report["cases"] if c["mode"].startswith("cache_"))
+    for workload in workloads:
+        def get(mode, key):
+            return ok.get((workload, mode), {}).get(key)
+
+        def overlap(figure, reference):
+            return None if figure is None or reference is None else intervals_overlap(figure, reference)
+
+        warm_steady, warm_wall = get("cache_warm", "steady_ms"), get("cache_warm", "wall_ms")
+        best_wall = better_native(ok, workload, "wall_ms")
+        target(workload, "warm first step ≤ native_heuristic first step", get("cache_warm", "first_s"),
+               get("native_heuristic", "first_s"), "s")
+        target(workload, f"warm start (load + prepare + first step) ≤ {TARGET_WARM_START_S:g} s",
+               get("cache_warm", "warm_start_s"), TARGET_WARM_START_S, "s")
+        target(workload, "warm steady ÷ native_benchmark steady ≤ 1.00",
+               ratio(warm_steady, get("native_benchmark", "steady_ms")), 1.0, "ratio",
+               overlap=overlap(warm_wall, get("native_benchmark", "wall_ms")))
+        target(workload, f"warm steady ÷ better native steady ≤ 1.00 (stretch {TARGET_STEADY_STRETCH:.2f})",
+               ratio(warm_steady, median_of(best_wall)), 1.0, "ratio", stretch_limit=TARGET_STEADY_STRETCH,
+               overlap=overlap(warm_wall, best_wall))
+        target(workload, "cold tuning (cache_cold first step − steady step) ≤ native_benchmark first step",
+               get("cache_cold", "tuning_estimate_s"), get("native_benchmark", "first_s"), "s")
+        if (workload, "cache_intercept") in ok or (workload, "cache_intercept") in failed_cases(report["cases"]):
+            target(workload, f"intercepted steady ÷ converted (cache_warm) steady ≤ {TARGET_INTERCEPT_RATIO:.2f}, "
+                   "tuning nothing", intercept_ratio(ok, workload), TARGET_INTERCEPT_RATIO, "ratio")
+        audit = get("cache_cold", "audit")
+        if audit is not None and audit["keys"]:
+            target(workload, f"keys whose stored choice is > {AUDIT_NOISE:g}x slower than a native choice, "
+                   "measured the same way (cudnn_cache.audit)", audit["slower_than_native"], 0, "count")
+    overhead = report.get("overhead")
+    if overhead is not None:
+        target(OVERHEAD, f"op host time per call in TorchScript ≤ native's + {TARGET_OP_OVERHEAD_US:g} us",
+               overhead.get("op_overhead_above_native_us"), TARGET_OP_OVERHEAD_US, "us")
+        target(OVERHEAD, "eager training path (forward + backward) through the op ≤ better native's + "
+               f"{TARGET_TRAIN_OVERHEAD_US:g} us", overhead.get("train_op_overhead_above_native_us"),
+               TARGET_TRAIN_OVERHEAD_US, "us")
+        target(OVERHEAD, "eager training path (forward + backward) through intercept ≤ better native's + "
+               f"{TARGET_TRAIN_OVERHEAD_US:g} us", overhead.get("train_intercept_overhead_above_native_us"),
+               TARGET_TRAIN_OVERHEAD_US, "us")
+    return targets
+
+
+def failed_cases(cases: List[dict]) -> set:
+    return {(c["workload"], c["mode"]) for c in cases if "error" in c}
+
+
+def intercept_ratio(ok: Dict[Tuple[str, str], dict], workload: str) -> Optional[float]:
+    """cache_intercept's steady step over cache_warm's, or None when either is missing or it tuned anything."""
+    intercepted = ok.get((workload, "cache_intercept"))
+    if intercepted is None or intercepted.get("stats", {}).get("tunes"):
+        return None
+    return ratio(intercepted["steady_ms"], ok.get((workload, "cache_warm"), {}).get("steady_ms"))
+
+
+def number(value: Optional[float], spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def table(columns: List[str], rows: List[List[str]]) -> List[str]:
+    """A markdown table."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def workload_label(workload: str) -> str:
+    return WORKLOADS[workload].label if workload in WORKLOADS else workload
+
+
+START_COLUMNS = ["workload", "mode", "first step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
+                 "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
+STEADY_COLUMNS = ["workload", "mode", "wall step, median [95% CI]", "GPU time per step, median [95% CI]",
+                  "wall ÷ bench", "wall ÷ better native", "GPU ÷ better native", "hits / misses / tunes / fallbacks",
+                  "plans built / deserialized / rebuilt"]
+
+
+def failed_row(case: dict, columns: List[str]) -> List[str]:
+    error = " ".join(case["error"].splitlines()[:1])[:160].replace("|", "\\|")
+    return [workload_label(case["workload"]), case["mode"], f"FAILED: {error}"] + [""] * (len(columns) - 3)
+
+
+def start_row(case: dict) -> List[str]:
+    """The case's row of the first-step and start-up table."""
+    if "error" in case:
+        return failed_row(case, START_COLUMNS)
+    derived, stats = case["derived"], case.get("stats")
+    tuning = number(case.get("tuning_estimate_s"), ".2f", " s")
+    if stats is not None and case["mode"] == "cache_cold":
+        tuning += f" ({stats['tunes']})"
+    load = "-"
+    if "load_s" in case:
+        load = f"{1e3 * case['load_s']:.1f} ms ({case['loaded_entries']} entries)"
+    prepare = "-"
+    if case.get("prepare_s") is not None:
+        prepare = f"{1e3 * case['prepare_s']:.1f} ms ({case['prepared_plans']})"
+    return [workload_label(case["workload"]), case["mode"], number(case["first_s"], ".2f", " s"),
+            number(derived["first_vs_native_heuristic_first"], ".2f"), tuning, number(case.get("tune_s"), ".2f", " s"),
+            number(case.get("plan_build_s"), ".3f", " s"), load, prepare, number(case.get("warm_start_s"), ".2f", " s"),
+            number(derived["warm_start_vs_native_heuristic_first"], ".2f")]
+
+
+def interval_cell(figure: Optional[dict], spec: str, unit: str) -> str:
+    return "-" if figure is None else format_interval(figure, spec, unit)
+
+
+def wall_ratio_cell(derived: dict) -> str:
+    """The wall-clock ratio against the better native mode, marked 'loss' when it is one (see wall_loss) and
+    '(overlap)' when its median is higher but the intervals overlap."""
+    cell = number(derived["steady_vs_best_native"], ".2f")
+    if derived["wall_loss_vs_best_native"]:
+        cell += " loss"
+    elif derived["wall_loss_vs_best_native"] is False and derived["steady_vs_best_native"] > 1:
+        cell += " (overlap)"
+    return cell
+
+
+def steady_row(case: dict) -> List[str]:
+    """The case's row of the steady-state table."""
+    if "error" in case:
+        return failed_row(case, STEADY_COLUMNS)
+    derived, stats = case["derived"], case.get("stats")
+    counters = plans = "-"
+    if stats is not None:
+        counters = " / ".join(str(stats[k]) for k in ("hits", "misses", "tunes", "fallbacks"))
+        plans = " / ".join(str(stats.get(k, "-")) for k in ("plans_built", "plans_deserialized", "plan_rebuilds"))
+    return [workload_label(case["workload"]), case["mode"], interval_cell(case.get("wall_ms"), ".2f", " ms"),
+            interval_cell(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"),
+            wall_ratio_cell(derived), number(derived["gpu_vs_best_native"], ".2f"), counters, plans]
+
+
+def audit_table(cases: List[dict]) -> List[str]:
+    audited = [c for c in cases if c.get("audit", {}).get("keys")]
+    if not audited:
+        return []
+    lines = ["", "## Per-key audit", "", "cudnn_cache.audit() after cache_cold: every tuned key's stored engine "
+             "config against the configs native benchmark=False (first that runs, in heuristic order) and "
+             "benchmark=True (fastest of 10, one timing each) would run, all three then timed the same way: warmed "
+             "up, L2 flushed, interleaved rounds, median; the stored config twice, and the gap between a key's "
+             "two times of its stored config is that key's resolution. A key counts as slower when its stored "
+             f"choice is more than {AUDIT_NOISE:g}x and more than its own resolution slower than a native choice. "
+             "resolution: the median and the widest of the keys' resolutions. Ratios are stored ÷ native; below 1 "
+             "is faster.", ""]
+    rows = []
+    for case in audited:
+        a = case["audit"]
+        resolution = "-"
+        if "resolution_us_median" in a:
+            resolution = f"{a['resolution_us_median']:.1f} / {a['resolution_us_max']:.1f} us"
+        rows.append([workload_label(case["workload"]), str(a["keys"]), resolution, str(a["slower_than_native"]),
+                     str(a["faster_than_native"]), f"{a['geomean_vs_heuristic']:.3f}",
+                     f"{a['geomean_vs_benchmark']:.3f}",
+                     f"{a['stored_total_ms']:.2f} / {a['heuristic_total_ms']:.2f} / {a['benchmark_total_ms']:.2f} ms",
+                     f"{a['worst_ratio']:.3f}", f"{a['seconds']:.1f} s"])
+    return lines + table(["workload", "keys", "resolution median / max", "slower", f"faster < 1/{AUDIT_NOISE:g}",
+                          "geomean ÷ heuristic", "geomean ÷ benchmark", "sum stored / heuristic / benchmark",
+                          "worst key ratio", "audit time"], rows)
+
+
+def overhead_table(overhead: Optional[dict]) -> List[str]:
+    if overhead is None:
+        return []
+    lines = ["", "## Host overhead per call"]
+    if "error" in overhead:
+        return lines + ["", "FAILED: " + overhead["error"].splitlines()[0]]
+    shape = "x".join(map(str, overhead["input"]))
+    lines += ["", f"conv2d forward, input {shape}, weight {'x'.join(map(str, overhead['weight']))}, padding 1, "
+              f"no grad: {overhead['calls']} calls with no synchronize between them, then one; median of "
+              f"{overhead['repeats']} rounds and its 95% interval. The cache was tuned first (warm), then ran with "
+              "miss policy 'error'. The op's host time above native's, both in a TorchScript loop: "
+              f"{overhead['op_overhead_above_native_us']:.1f} us; called from Python (torch.ops parses its "
+              f"arguments per call), above the better native's: "
+              f"{overhead.get('eager_op_overhead_above_native_us', math.nan):.1f} us.", ""]
+    columns = ["call", "wall per call (incl. final synchronize)", "host per call (before it)"]
+    forward = {n: r for n, r in overhead["results"].items() if not n.startswith("train_")}
+    lines += table(columns, [overhead_row(name, r) for name, r in forward.items()])
+    training = {n: r for n, r in overhead["results"].items() if n.startswith("train_")}
+    if training:
+        lines += ["", f"Eager training path: forward + backward (torch.autograd.grad of input and weight), input "
+                  f"{'x'.join(map(str, overhead['train_input']))}, weight "
+                  f"{'x'.join(map(str, overhead['train_weight']))}, padding 1: {overhead['train_calls']} "
+                  f"iterations per round, {overhead['repeats']} rounds, per iteration. Host time above the better "
+                  f"native's: through the op {overhead['train_op_overhead_above_native_us']:.1f} us, through "
+                  f"intercept {overhead['train_intercept_overhead_above_native_us']:.1f} us.", ""]
+        lines += table(["iteration", "wall per iteration (incl. final synchronize)", "host per iteration (before it)"],
+                       [overhead_row(name, r) for name, r in training.items()])
+    return lines
+
+
+def overhead_row(name: str, result: dict) -> List[str]:
+    """A row of the overhead tables: wall and host time, each as median [95% interval], in us."""
+    return [OVERHEAD_LABELS.get(name, name), interval_cell(result.get("wall_us_interval"), ".1f", " us"),
+            interval_cell(result.get("host_us_interval"), ".1f", " us")]
+
+
+TARGET_FORMATS = {"s": (".2f", " s"), "ratio": (".2f", ""), "us": (".1f", " us"), "count": ("d", "")}
+
+
+def targets_table(targets: List[dict]) -> List[str]:
+    if not targets:
+        return []
+    verdicts = {True: "met", False: "missed", None: "no data"}
+    rows = []
+    for t in targets:
+        spec, unit = TARGET_FORMATS[t["unit"]]
+        verdict = verdicts[t["met"]]
+        if t.get("intervals_overlap") is not None and t["met"] is not None and t["value"] > t["limit"]:
+            verdict += " (median above, intervals overlap)" if t["intervals_overlap"] else " (intervals apart)"
+        if "stretch_limit" in t:
+            verdict += f"; stretch {t['stretch_limit']:.2f}: {verdicts[t['stretch_met']]}"
+        label = "host overhead" if t["workload"] == OVERHEAD else workload_label(t["workload"])
+        rows.append([label, t["target"], number(t["value"], spec, unit), number(t["limit"], spec, unit), verdict])
+    met = sum(t["met"] is True for t in targets)
+    return ["", "## Targets", "", f"{met} of {len(targets)} met (cache_warm and cache_cold against the native "
+            "cases of the same workload).", ""] + table(["workload", "target", "value", "limit", "result"], rows)
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [
+        "# cudnn_cache against native cuDNN autotuning: whole training steps", "",
+        f"{env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}), cuDNN {env['cudnn']}; {env['date']}. "
+        f"Each case ran in a fresh process (`scripts/bench.py`); cache backend '{report['settings']['backend']}'.",
+        "", "## First step and start-up", "",
+    ]
+    lines += table(START_COLUMNS, [start_row(case) for case in report["cases"]])
+    lines += ["", "## Steady state", ""]
+    lines += table(STEADY_COLUMNS, [steady_row(case) for case in report["cases"]])
+    lines += audit_table(report["cases"])
+    lines += overhead_table(report.get("overhead"))
+    lines += targets_table(report.get("targets", []))
+    lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def notes(settings: dict) -> List[str]:
+    lines = [
+        "A training step: zero_grad(set_to_none=True), forward, loss = output.float().sum(), backward; no optimizer "
+        "step. The input requires grad. The same in every mode.",
+        "first step: wall time of the first training step, synchronized, after CUDA, cuBLAS and cuDNN were set up "
+        f"on an unrelated tiny convolution. wall step (wall_ms; steady_ms is its median): {settings['steps']} steps, "
+        f"synchronized per step, after {settings['warmup']} warm-up steps. GPU time per step (gpu_ms): the kernel "
+        f"and copy time torch.profiler records in each of {settings['steps']} more steps, each step profiled on "
+        "its own (an untraced step between two traced ones); a wall step well above it is host time the GPU "
+        "waits on.",
+        "Intervals: every figure is a median [lo, hi] with lo and hi the distribution-free 95% confidence "
+        "interval of the median from order statistics (binomial: for 30 values the 10th and 21st smallest, for "
+        "20 the 6th and 15th); the overhead rows take it over their rounds. A wall-clock ratio above 1 is a loss "
+        "only when the two intervals do not overlap ('loss' in the tables; '(overlap)' marks a higher median "
+        "within the spread); the wall-clock steady targets are met when the median is within the limit or the "
+        "intervals overlap, and say which.",
+        f"backend: the cache modes ran with cudnn_cache.set_backend('{settings['backend']}'). 'graph' runs cuDNN "
+        "graph-API engine configs, each through an execution plan built from its stored config (by prepare() or "
+        "on its first call); 'legacy' replays cudnnConvolution*Algo_t and builds no plans.",
+        "tuning est.: first step minus steady step, for the modes that tune (native_benchmark, cache_cold); in "
+        "parentheses, the convolutions cudnn_cache tuned (stats()['tunes']).",
+        "tune time, plan build: stats()['tune_us'] and stats()['plan_build_us'] over the case, in seconds: time "
+        "spent tuning, and building execution plans (on first calls and in prepare()); '-' where this build of "
+        "the ops does not count them.",
+        "load: cudnn_cache.load() of the file cache_cold saved (cache_warm, which runs with miss policy 'error'). "
+        "prepare: cudnn_cache.prepare() after it, before the first step, which builds the execution plan of "
+        "every loaded graph-API entry of the GPU (in parentheses, the plans it reports). warm start: load + "
+        "prepare + first step.",
+        "wall ÷ bench: the wall-clock median ÷ native_benchmark's; wall ÷ better native, GPU ÷ better native: "
+        "each clock's median ÷ that of whichever of native_benchmark and native_heuristic has the lower median on "
+        "that clock; first ÷ heuristic first, warm start ÷ heuristic first: ÷ native_heuristic's "
+        "first step.",
+        "hits / misses / tunes / fallbacks, plans built / deserialized / rebuilt: cudnn_cache.stats() over the "
+        "case (from before load, so prepare and the first step count): plans_built, plans_deserialized (restored "
+        "from the file instead of built), plan_rebuilds (stored plans that could not be used and were rebuilt).",
+    ]
+    if settings["device"] == "cpu":
+        lines.append("--device cpu: no cuDNN, so prepare() is not called: prepare_s and prepared_plans are null, "
+                     "and warm start counts prepare as 0 s.")
+    return lines
+
+
+def combine(paths: List[pathlib.Path]) -> dict:
+    """One report of the JSON reports of several runs of this script on one machine (a run split in parts to
+    fit a time limit): their cases and overhead, the first run's environment and settings, each part's
+    workloads and date in settings['parts']. Refuses reports of different GPUs, versions or settings, and
+    reports written before the clocks had intervals."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    for path, report in zip(paths, reports):
+        if any("error" not in case and "wall_ms" not in case for case in report["cases"]):
+            raise SystemExit(f"bench --combine: {path} has cases without wall_ms (written before the clocks had "
+                             "intervals, when gpu_ms was one number): re-run them with this script")
+    first = reports[0]
+    same = ("gpu", "torch", "cudnn")
+    for path, report in zip(paths[1:], reports[1:]):
+        for key in same:
+            if report["environment"].get(key) != first["environment"].get(key):
+                raise SystemExit(f"bench --combine: {path} ran with {key} {report['environment'].get(key)!r}, "
+                                 f"{paths[0]} with {first['environment'].get(key)!r}: runs of one setup only")
+        for key in ("backend", "steps", "warmup", "tuning", "audit"):
+            if report["settings"].get(key) != first["settings"].get(key):
+                raise SystemExit(f"bench --combine: {path} has setting {key}={report['settings'].get(key)!r}, "
+                                 f"{paths[0]} {first['settings'].get(key)!r}: combine runs of the same settings")
+    combined = {"environment": first["environment"], "settings": dict(first["settings"]), "notes": first["notes"],
+                "cases": [case for report in reports for case in report["cases"]],
+                "overhead": next((r["overhead"] for r in reports if r.get("overhead")), None)}
+    combined["settings"]["parts"] = [{"file": str(path), "workloads": r["settings"]["workloads"],
+                                      "date": r["environment"].get("date")} for path, r in zip(paths, reports)]
+    combined["settings"]["workloads"] = [w for r in reports for w in r["settings"]["workloads"]]
+    return combined
+
