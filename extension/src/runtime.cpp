@@ -143,6 +143,12 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
   check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
+  // Every config a search times must fit in the ranking it stores: these, and heuristics' first pick.
+  const double timed = static_cast<double>(options.max_candidates) + options.mode_b_candidates + options.knob_variants;
+  check(timed + 1 <= kMaxEngineConfigs, "max_candidates + mode_b_candidates + knob_variants", timed,
+        detail::concat("at most ", kMaxEngineConfigs - 1, " (a ranking keeps ", kMaxEngineConfigs,
+                       " engine configs, heuristics' first pick among them)")
+            .c_str());
   std::lock_guard lock(mutex_);
   search_options_ = options;
 }

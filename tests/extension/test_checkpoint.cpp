@@ -517,6 +517,19 @@ TEST_CASE("engine configs round-trip with their knobs, next to the legacy entrie
   CHECK(to_string(loaded[2]) == "engine 0 runtime-compiled");
 }
 
+TEST_CASE("a graph search's 18 timed configs are all kept, and round-trip", "[checkpoint][graph]") {
+  // The default search times up to 10 + 3 + 4 configs and heuristics' first pick; a ranking used to keep 8.
+  std::vector<EngineCandidate> timed;
+  for (int i = 0; i < 18; ++i) timed.push_back(engine(i, 0.01f * static_cast<float>(i + 1)));
+  const auto ranking = Ranking<GraphFwd>::of(timed.begin(), timed.end());
+  REQUIRE(ranking.size() == 18);
+  CacheStore store;
+  store.caches(running_origin()).graph_forward.insert(conv_key(Direction::forward), ranking);
+  const Checkpoint read = deserialize(serialize(snapshot(store)), "graph.bin");
+  REQUIRE(read.sections[0].graph_forward.size() == 1);
+  CHECK(read.sections[0].graph_forward[0].second == ranking);
+}
+
 TEST_CASE("a version-1 file, which has no graph entries, still loads", "[checkpoint][graph]") {
   CacheStore store;
   add_handcrafted_entries(store, running_origin());

@@ -118,6 +118,16 @@ TEST_CASE("Ranking keeps at most kMaxCandidates, the best ones", "[perf_cache]")
   for (std::size_t i = 0; i < ranking.size(); ++i) CHECK(ranking[i].time_ms == static_cast<float>(i + 1));
 }
 
+TEST_CASE("a graph ranking keeps at most kMaxEngineConfigs, the best ones", "[perf_cache]") {
+  std::vector<EngineCandidate> configs;
+  for (std::size_t i = 0; i < kMaxEngineConfigs + 5; ++i) {
+    configs.push_back(testing::engine(static_cast<std::int64_t>(i), static_cast<float>((i * 7) % (kMaxEngineConfigs + 5)) + 1));
+  }
+  const auto ranking = Ranking<GraphForwardTraits>::of(configs.begin(), configs.end());
+  REQUIRE(ranking.size() == kMaxEngineConfigs);
+  for (std::size_t i = 0; i < ranking.size(); ++i) CHECK(ranking[i].time_ms == static_cast<float>(i + 1));
+}
+
 TEST_CASE("Ranking::of_perfs ranks what cudnnFind*AlgorithmEx returns", "[perf_cache]") {
   cudnnConvolutionFwdAlgoPerf_t perfs[3]{};
   perfs[0] = {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_NOT_SUPPORTED, -1.0f, 0,

@@ -69,6 +69,8 @@ TEST_CASE("search options are kept, and values out of range are refused naming t
   refused([](GraphSearchOptions& o) { o.repetitions = 0; }, "repetitions");
   refused([](GraphSearchOptions& o) { o.warmup = -1; }, "warmup");
   refused([](GraphSearchOptions& o) { o.max_candidates = 0; }, "max_candidates");
+  refused([](GraphSearchOptions& o) { o.max_candidates = static_cast<int>(kMaxEngineConfigs); },
+          "max_candidates + mode_b_candidates + knob_variants");
   refused([](GraphSearchOptions& o) { o.mode_b_candidates = -2; }, "mode_b_candidates");
   refused([](GraphSearchOptions& o) { o.knob_variants = -1; }, "knob_variants");
   refused([](GraphSearchOptions& o) { o.finalists = -1; }, "finalists");

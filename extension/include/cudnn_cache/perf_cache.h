@@ -11,7 +11,7 @@
 //   3. on equal times, the smaller workspace first;
 //   4. then by algorithm, math type and determinism, so that the order is total and files are reproducible.
 // A ranking holds one candidate per choice (legacy: algorithm and math type; graph API: engine and knobs)
-// and at most kMaxCandidates of them.
+// and at most Ranking::capacity of them: every algorithm of the legacy API, every config a graph search can time.
 //
 // Merge rule. When a key already has a ranking (a load into a non-empty cache, merging two files, a re-tune),
 // the two are merged candidate by candidate: for each choice the better measurement by the
@@ -38,6 +38,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <tuple>
+#include <type_traits>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -88,8 +89,12 @@ struct BackwardFilterTraits {
 // The name of an algorithm of the given direction, or "ALGO_<n>" for a number cuDNN does not define.
 std::string algorithm_name(Direction direction, int algorithm);
 
-// At most this many candidates are kept per key: every legacy algorithm of the largest direction.
+// At most this many legacy candidates are kept per key: every algorithm of the largest direction.
 inline constexpr std::size_t kMaxCandidates = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+
+// At most this many engine configs are kept per key: more than a graph search times (GraphSearchOptions
+// allows at most this many, so none it timed is dropped).
+inline constexpr std::size_t kMaxEngineConfigs = 32;
 
 // One measured algorithm choice for a key.
 template <typename Traits>
@@ -200,12 +205,17 @@ bool ranks_before(const typename Traits::Candidate& a, const typename Traits::Ca
   return a.tie_break_less(b);
 }
 
-// The candidates of one key, best first, with no heap allocation so a cache hit copies it cheaply.
+// The candidates of one key, best first. A cache shares the rankings it holds (PerfCache::find), so a hit
+// copies none.
 template <typename Traits>
 class Ranking {
  public:
   using value_type = typename Traits::Candidate;
   using const_iterator = const value_type*;
+
+  // The most candidates a ranking keeps: kMaxCandidates algorithms, or kMaxEngineConfigs engine configs.
+  static constexpr std::size_t capacity =
+      std::is_same_v<value_type, EngineCandidate> ? kMaxEngineConfigs : kMaxCandidates;
 
   Ranking() = default;
 
@@ -216,10 +226,10 @@ class Ranking {
     std::sort(all.begin(), all.end(), ranks_before<Traits>);
     Ranking ranking;
     for (const value_type& candidate : all) {
-      if (ranking.size_ == kMaxCandidates) break;
+      if (ranking.size() == capacity) break;
       const bool seen = std::any_of(ranking.begin(), ranking.end(),
                                     [&](const value_type& kept) { return kept.same_choice(candidate); });
-      if (!seen) ranking.candidates_[ranking.size_++] = candidate;  // the first seen is the better one
+      if (!seen) ranking.candidates_.push_back(candidate);  // the first seen is the better one
     }
     return ranking;
   }
@@ -233,10 +243,10 @@ class Ranking {
     return of(candidates.begin(), candidates.end());
   }
 
-  std::size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
+  std::size_t size() const { return candidates_.size(); }
+  bool empty() const { return candidates_.empty(); }
   const_iterator begin() const { return candidates_.data(); }
-  const_iterator end() const { return candidates_.data() + size_; }
+  const_iterator end() const { return candidates_.data() + candidates_.size(); }
   const value_type& operator[](std::size_t i) const { return candidates_[i]; }
   // The best candidate; the ranking must not be empty.
   const value_type& front() const { return candidates_[0]; }
@@ -245,8 +255,7 @@ class Ranking {
   friend bool operator!=(const Ranking& a, const Ranking& b) { return !(a == b); }
 
  private:
-  std::array<value_type, kMaxCandidates> candidates_{};
-  std::size_t size_ = 0;
+  std::vector<value_type> candidates_;
 };
 
 // The merge rule of Note [Selection, merge and fallback policy].

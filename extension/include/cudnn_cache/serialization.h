@@ -241,25 +241,22 @@ void save(Archive& archive, const Ranking<Traits>& ranking, std::uint32_t const 
 // A loaded ranking must be exactly what Ranking::of would make of its candidates: ranked, without duplicates.
 template <class Archive, typename Traits>
 void load(Archive& archive, Ranking<Traits>& ranking, std::uint32_t const /*version*/) {
-  std::array<typename Traits::Candidate, kMaxCandidates> candidates{};
-  std::size_t size = 0;
+  constexpr std::size_t capacity = Ranking<Traits>::capacity;
+  std::vector<typename Traits::Candidate> candidates;
   if constexpr (is_binary_archive<Archive>) {
     cereal::size_type tagged = 0;
     archive(cereal::make_size_tag(tagged));
-    if (tagged < 1 || tagged > kMaxCandidates) detail::throw_invalid("ranking of ", tagged, " candidates");
-    size = tagged;
-    for (std::size_t i = 0; i < size; ++i) archive(candidates[i]);
+    if (tagged < 1 || tagged > capacity) detail::throw_invalid("ranking of ", tagged, " candidates");
+    candidates.resize(tagged);
+    for (auto& candidate : candidates) archive(candidate);
   } else {
-    std::vector<typename Traits::Candidate> listed;
-    archive(CEREAL_NVP_("candidates", listed));
-    if (listed.empty() || listed.size() > kMaxCandidates) {
-      detail::throw_invalid("ranking of ", listed.size(), " candidates");
+    archive(CEREAL_NVP_("candidates", candidates));
+    if (candidates.empty() || candidates.size() > capacity) {
+      detail::throw_invalid("ranking of ", candidates.size(), " candidates");
     }
-    size = listed.size();
-    std::copy(listed.begin(), listed.end(), candidates.begin());
   }
-  ranking = Ranking<Traits>::of(candidates.begin(), candidates.begin() + size);
-  if (ranking.size() != size || !std::equal(ranking.begin(), ranking.end(), candidates.begin())) {
+  ranking = Ranking<Traits>::of(candidates.begin(), candidates.end());
+  if (ranking.size() != candidates.size() || !std::equal(ranking.begin(), ranking.end(), candidates.begin())) {
     detail::throw_invalid("ranking is not in rank order or repeats a candidate");
   }
 }
