@@ -1,0 +1,84 @@
+#pragma once
+
+// What the graph API's three files share: graph.cpp builds graphs and plans, graph_search.cpp times engine
+// configs (search_engine_configs), graph_audit.cpp measures a stored choice against native's
+// (audit_engine_choice). See Note [Engine configs] in cudnn_cache/graph.h.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <cudnn_frontend.h>
+
+#include "cudnn_cache/graph.h"
+
+namespace cudnn_cache::graph_internal {
+
+namespace fe = cudnn_frontend;
+using fe::graph::Graph;
+
+// The variant pack of a direction's buffers (fixed uids: it does not depend on the direction).
+std::unordered_map<std::int64_t, void*> variant_pack(const ConvolutionBuffers& buffers);
+
+// Scratch memory written before each timed run, so every candidate starts with its operands out of L2 (Note
+// [Engine configs]): back-to-back runs on L2-resident buffers favour configs that lose inside a network.
+class L2Flush {
+ public:
+  L2Flush(const WorkspaceAllocator& allocate, bool enabled) {
+    int device = 0, l2_bytes = 0;
+    if (!enabled || cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess || l2_bytes <= 0) {
+      return;
+    }
+    bytes_ = 2 * static_cast<std::size_t>(l2_bytes);
+    buffer_ = allocate(bytes_);  // without memory for it, timing goes on unflushed
+  }
+  void operator()(cudaStream_t stream) const {
+    if (buffer_) cudaMemsetAsync(buffer_.data(), 0, bytes_, stream);
+  }
+
+ private:
+  std::size_t bytes_ = 0;
+  Workspace buffer_;
+};
+
+// How one built plan is timed.
+struct Timing {
+  int warmup = 0;
+  int repetitions = 1;
+  const L2Flush* flush = nullptr;  // null: not flushed (PyTorch's way)
+  float give_up_ms = std::numeric_limits<float>::infinity();
+};
+
+// Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
+// Stops after 3 runs whose fastest is slower than timing.give_up_ms: such a plan cannot win.
+std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
+                             void* workspace, std::int64_t index, const Timing& timing);
+
+float median(std::vector<float> times);
+
+// Whether every buffer is kGraphAlignment-byte aligned.
+bool aligned(const ConvolutionBuffers& buffers);
+
+// The engine config of the graph's plan at `index`, without its time; nullopt if cuDNN cannot say, or it has
+// more knobs than a key stores. `complete` says whether the config replays this very plan (graph.cpp).
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, bool* complete = nullptr);
+
+// Appends the config to the graph's plans; returns its index, or -1 if cuDNN does not take it.
+std::int64_t add_plan(Graph& graph, const EngineCandidate& config);
+
+// The operation graph with the configs of heuristics mode A and the fallback list, in that order.
+std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic);
+
+// The first `count` configs of heuristics mode B that mode A ranks differently.
+std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count);
+
+// Variants of `best` that change one knob to a neighbouring value cuDNN allows, at most `count`.
+std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& best, int count);
+
+}  // namespace cudnn_cache::graph_internal
