@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import cudnn_cache
+import testing_ops
 from cudnn_cache import distributed
 
 ORIGIN_A = ("Test GPU A", 9, 0, 132, 9, 19)
@@ -44,7 +45,7 @@ def seed_of(key) -> int:
 
 def add_ranking(origin, problem, seed: int) -> None:
     backend, key = problem
-    _ops.add_synthetic_ranking(list(key), backend, origin[0], list(origin[1:]), seed)
+    testing_ops.add_synthetic_ranking(list(key), backend, origin[0], list(origin[1:]), seed)
 
 
 class Tuner:
@@ -104,7 +105,7 @@ def merge_scenario(rank, world_size, out):
 
 def bulk_scenario(rank, world_size, out):
     """Timing: every rank holds 1000 entries of its own, and needs 60 problems nobody holds."""
-    _ops.add_synthetic_entries(1000, 1 + rank, f"Test GPU of rank {rank}", [9, 0, 132, 9, 19])
+    testing_ops.add_synthetic_entries(1000, 1 + rank, f"Test GPU of rank {rank}", [9, 0, 132, 9, 19])
     started = time.perf_counter()
     report = distributed.sync(problems=problems(60), origin=ORIGIN_A, tune=Tuner(ORIGIN_A))
     return {"report": vars(report), "entries": cudnn_cache.size(), "seconds": time.perf_counter() - started}

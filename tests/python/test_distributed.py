@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import cudnn_cache
+import testing_ops
 from cudnn_cache import distributed
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
@@ -160,7 +161,7 @@ def test_sync_without_a_process_group_tunes_everything_itself(cache_state):
 
     def tune(backend, key):
         tuned.append((backend, key))
-        torch.ops.cudnn_cache.add_synthetic_ranking(list(key), backend, origin[0], list(origin[1:]), 1)
+        testing_ops.add_synthetic_ranking(list(key), backend, origin[0], list(origin[1:]), 1)
 
     problems = keys(5)
     report = distributed.sync(problems=problems + problems[:2], origin=origin, tune=tune)
@@ -212,7 +213,7 @@ def test_import_refuses_bytes_that_are_not_a_checkpoint(cache_state):
 # --- Shared files from Python ----------------------------------------------------------------------------------
 
 def synthetic(entries, seed, name="Test GPU A"):
-    torch.ops.cudnn_cache.add_synthetic_entries(entries, seed, name, [9, 0, 132, 9, 19])
+    testing_ops.add_synthetic_entries(entries, seed, name, [9, 0, 132, 9, 19])
 
 
 def test_save_merges_with_the_file_and_replaces_only_when_asked(cache_state, tmp_path):
@@ -245,10 +246,11 @@ def test_persistent_saves_merged_with_what_others_saved_meanwhile(cache_state, t
     with cudnn_cache.persistent(path, prepare_plans=False):
         synthetic(10, 1)
         # Meanwhile another process saves into the same file.
-        subprocess.run([sys.executable, "-c", "import sys, torch, cudnn_cache; "
-                        "torch.ops.cudnn_cache.add_synthetic_entries(7, 3, 'Test GPU B', [8, 0, 108, 9, 19]); "
+        subprocess.run([sys.executable, "-c", "import sys, cudnn_cache, testing_ops; "
+                        "testing_ops.add_synthetic_entries(7, 3, 'Test GPU B', [8, 0, 108, 9, 19]); "
                         "cudnn_cache.save(sys.argv[1])", str(path)], env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                            [str(pathlib.Path(cudnn_cache.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])},
+                            [str(pathlib.Path(cudnn_cache.__file__).parents[1]), str(pathlib.Path(__file__).parent),
+                             os.environ.get("PYTHONPATH", "")])},
                        check=True, timeout=120)
     cudnn_cache.clear()
     assert cudnn_cache.load(path) == 17

@@ -14,7 +14,6 @@
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/exchange.h"
 #include "cudnn_cache/runtime.h"
-#include "cudnn_cache/synthetic.h"
 #include "problem.h"
 
 namespace cudnn_cache::torch_ops {
@@ -28,16 +27,6 @@ std::vector<std::int64_t> origin_numbers(const Origin& origin) {
           origin.cudnn_minor};
 }
 
-Origin origin_from(const std::string& name, at::IntArrayRef numbers, const char* op) {
-  TORCH_CHECK(numbers.size() == 5, "cudnn_cache.", op,
-              ": an origin is a name and 5 numbers (compute capability "
-              "major, minor, SM count, cuDNN major, minor), got ",
-              numbers.size(), " numbers");
-  TORCH_CHECK(!name.empty(), "cudnn_cache.", op, ": an origin needs a device name");
-  return Origin{DeviceIdentity{name, static_cast<std::int32_t>(numbers[0]), static_cast<std::int32_t>(numbers[1]),
-                               static_cast<std::int32_t>(numbers[2])},
-                static_cast<std::int32_t>(numbers[3]), static_cast<std::int32_t>(numbers[4])};
-}
 
 // Assigns each distinct origin an index in the table, in order of first use.
 class OriginIndex {
@@ -137,30 +126,6 @@ std::int64_t import_entries(const at::Tensor& data, const std::string& source,
   });
 }
 
-Backend backend_of(const std::string& name) {
-  return rethrow([&] { return backend_from_string(name); });
-}
-
-// A synthetic ranking for the key under the origin, where a search would store one (synthetic.h).
-void add_synthetic_ranking(at::IntArrayRef key, const std::string& backend, const std::string& origin_name,
-                           at::IntArrayRef numbers, std::int64_t seed) {
-  const Origin origin = origin_from(origin_name, numbers, "add_synthetic_ranking");
-  rethrow([&] {
-    cudnn_cache::add_synthetic_ranking(Runtime::instance().store(), origin, backend_of(backend) == Backend::graph,
-                                       key_from_list(key), static_cast<std::uint64_t>(seed));
-  });
-}
-
-void add_synthetic_entries(std::int64_t entries, std::int64_t seed, const std::string& origin_name,
-                           at::IntArrayRef numbers) {
-  TORCH_CHECK(entries >= 0, "cudnn_cache.add_synthetic_entries: entries must be >= 0, got ", entries);
-  const Origin origin = origin_from(origin_name, numbers, "add_synthetic_entries");
-  rethrow([&] {
-    cudnn_cache::add_synthetic_entries(Runtime::instance().store(), origin, static_cast<std::size_t>(entries),
-                                       static_cast<std::uint64_t>(seed));
-  });
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
@@ -170,8 +135,6 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("inventory", &inventory);
   m.impl("export_entries", &export_entries);
   m.impl("import_entries", &import_entries);
-  m.impl("add_synthetic_ranking", &add_synthetic_ranking);
-  m.impl("add_synthetic_entries", &add_synthetic_entries);
 }
 
 }  // namespace cudnn_cache::torch_ops

@@ -63,8 +63,6 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("export_entries(int[] digests) -> Tensor");
   m.def("import_entries(Tensor data, str source, str? origin_name=None, int[] origin_numbers=[]) -> int");
   m.def("tune_key(int[] key, str backend, int? device=None) -> int");
-  m.def("add_synthetic_ranking(int[] key, str backend, str origin_name, int[] origin_numbers, int seed=1) -> ()");
-  m.def("add_synthetic_entries(int entries, int seed, str origin_name, int[] origin_numbers) -> ()");
 
   // Cache files, without this process's cache (python -m cudnn_cache).
   m.def("file_summary(str path) -> str");

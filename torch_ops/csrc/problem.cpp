@@ -209,4 +209,15 @@ ConvolutionKey key_from_list(at::IntArrayRef words) {
   return key;
 }
 
+Origin origin_from(const std::string& name, at::IntArrayRef numbers, const char* op) {
+  TORCH_CHECK(numbers.size() == 5, "cudnn_cache.", op,
+              ": an origin is a name and 5 numbers (compute capability "
+              "major, minor, SM count, cuDNN major, minor), got ",
+              numbers.size(), " numbers");
+  TORCH_CHECK(!name.empty(), "cudnn_cache.", op, ": an origin needs a device name");
+  return Origin{DeviceIdentity{name, static_cast<std::int32_t>(numbers[0]), static_cast<std::int32_t>(numbers[1]),
+                               static_cast<std::int32_t>(numbers[2])},
+                static_cast<std::int32_t>(numbers[3]), static_cast<std::int32_t>(numbers[4])};
+}
+
 }  // namespace cudnn_cache::torch_ops

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cudnn_cache/device.h"
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/key.h"
 
@@ -119,6 +120,10 @@ Problem make_problem(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // what to pass.
 std::vector<std::int64_t> key_to_list(const ConvolutionKey& key);
 ConvolutionKey key_from_list(at::IntArrayRef words);
+
+// The origin of a device name and 5 numbers (compute capability major, minor, SM count, cuDNN major, minor), as
+// Python passes one; fails naming `op` and what an origin is.
+Origin origin_from(const std::string& name, at::IntArrayRef numbers, const char* op);
 
 // The direction named "forward", "backward_data" or "backward_filter".
 Direction direction_from_string(const std::string& name);
