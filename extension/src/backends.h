@@ -156,9 +156,6 @@ struct BackendOf<GraphTraits<D>> {
   using type = GraphBackend<D>;
 };
 
-template <typename Traits>
-inline constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
-
 // The backend of Traits for one call of `key`.
 template <typename Traits>
 typename BackendOf<Traits>::type backend_for(cudnnHandle_t handle, int device, const ConvolutionKey& key,

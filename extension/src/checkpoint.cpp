@@ -154,7 +154,7 @@ void read_plans(cereal::PortableBinaryInputArchive& archive, CheckpointSection& 
 // The name of a cache in JSON: "legacy_forward", "graph_backward_filter", ...
 template <typename Traits>
 std::string json_name() {
-  return std::string(std::is_same_v<typename Traits::Candidate, EngineCandidate> ? "graph_" : "legacy_") +
+  return std::string(is_graph<Traits> ? "graph_" : "legacy_") +
          to_string(Traits::direction);
 }
 

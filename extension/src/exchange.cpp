@@ -11,7 +11,7 @@ namespace {
 
 template <typename Traits>
 constexpr Backend backend_of() {
-  return std::is_same_v<typename Traits::Candidate, EngineCandidate> ? Backend::graph : Backend::legacy;
+  return is_graph<Traits> ? Backend::graph : Backend::legacy;
 }
 
 // The stored plan of the key in the section, or null.

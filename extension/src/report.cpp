@@ -50,7 +50,7 @@ std::string convolution_text(const ConvolutionDescriptorKey& c) {
 
 template <typename Traits>
 constexpr const char* api_name() {
-  return std::is_same_v<typename Traits::Candidate, EngineCandidate> ? "graph" : "legacy";
+  return is_graph<Traits> ? "graph" : "legacy";
 }
 
 template <typename Traits>

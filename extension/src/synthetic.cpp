@@ -129,11 +129,10 @@ void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t 
     const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
     for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
-      constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
-      if (Traits::direction != direction || is_graph != graph) return;
+      if (Traits::direction != direction || is_graph<Traits> != graph) return;
       PerfCache<Traits>& cache = caches.get<Traits>();
       if (cache.find(key)) return;
-      if constexpr (is_graph) {
+      if constexpr (is_graph<Traits>) {
         cache.insert(key, random_engine_ranking<Traits>(random));
       } else {
         cache.insert(key, random_ranking<Traits>(random, math_type));
@@ -159,9 +158,8 @@ void add_synthetic_ranking(CacheStore& store, const Origin& origin, bool graph, 
   const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
   for_each_cache([&](auto traits) {
     using Traits = decltype(traits);
-    constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
-    if (static_cast<std::int32_t>(Traits::direction) != key.direction || is_graph != graph) return;
-    if constexpr (is_graph) {
+    if (static_cast<std::int32_t>(Traits::direction) != key.direction || is_graph<Traits> != graph) return;
+    if constexpr (is_graph<Traits>) {
       caches.get<Traits>().insert(key, random_engine_ranking<Traits>(random));
     } else {
       caches.get<Traits>().insert(key, random_ranking<Traits>(random, math_type));

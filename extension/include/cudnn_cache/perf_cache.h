@@ -194,6 +194,10 @@ using GraphForwardTraits = GraphTraits<Direction::forward>;
 using GraphBackwardDataTraits = GraphTraits<Direction::backward_data>;
 using GraphBackwardFilterTraits = GraphTraits<Direction::backward_filter>;
 
+// Whether Traits is one of the graph API's (its candidates are engine configs), not one of the legacy API's.
+template <typename Traits>
+inline constexpr bool is_graph = std::is_same_v<typename Traits::Candidate, EngineCandidate>;
+
 // True when a ranks before b; see Note [Selection, merge and fallback policy].
 template <typename Traits>
 bool ranks_before(const typename Traits::Candidate& a, const typename Traits::Candidate& b) {
@@ -214,8 +218,7 @@ class Ranking {
   using const_iterator = const value_type*;
 
   // The most candidates a ranking keeps: kMaxCandidates algorithms, or kMaxEngineConfigs engine configs.
-  static constexpr std::size_t capacity =
-      std::is_same_v<value_type, EngineCandidate> ? kMaxEngineConfigs : kMaxCandidates;
+  static constexpr std::size_t capacity = is_graph<Traits> ? kMaxEngineConfigs : kMaxCandidates;
 
   Ranking() = default;
 
