@@ -14,6 +14,7 @@
 // The legacy backend also gives cuDNN's heuristic order, the last resort of both (heuristics()).
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,6 +27,11 @@
 #include "plan_cache.h"
 
 namespace cudnn_cache {
+
+// Why a candidate did not run when its workspace could not be had: a fallback, not an error.
+inline std::string out_of_memory(const std::string& candidate, std::size_t bytes) {
+  return detail::concat(candidate, ": out of memory for a ", bytes, "-byte workspace");
+}
 
 // The legacy API: a candidate is an algorithm and the math type it was measured with.
 template <typename Traits>
@@ -52,16 +58,13 @@ class LegacyBackend {
 
   std::string run(const Candidate<Traits>& candidate, bool /*best*/, const ConvolutionBuffers& buffers,
                   const WorkspaceAllocator& allocate) {
-    Workspace workspace;
-    if (candidate.workspace_bytes > 0 && !(workspace = allocate(candidate.workspace_bytes))) {
-      return detail::concat(Traits::algorithm_name(candidate.algorithm), ": out of memory for a ",
-                            candidate.workspace_bytes, "-byte workspace");
-    }
+    std::optional<Workspace> workspace = workspace_for(allocate, candidate.workspace_bytes);
+    if (!workspace) return out_of_memory(Traits::algorithm_name(candidate.algorithm), candidate.workspace_bytes);
     // The candidate was measured with its own math type; run it with that one, as cuDNN reported it.
     CUDNN_CACHE_CHECK(cudnnSetConvolutionMathType(descriptors_.convolution.get(), candidate.math_type));
     const cudnnStatus_t status =
         Algorithms<Traits>::execute(handle_, descriptors_, candidate.algorithm, buffers,
-                                    workspace.data(), candidate.workspace_bytes);
+                                    workspace->data(), candidate.workspace_bytes);
     if (status == CUDNN_STATUS_SUCCESS) return {};
     return detail::concat(Traits::algorithm_name(candidate.algorithm), ": ", cudnnGetErrorString(status));
   }
@@ -126,12 +129,10 @@ class GraphBackend {
     const PlanCache::Entry& entry = plans_.get(handle_, device_, key_, config, stored_, best);
     if (!entry.plan) return entry.refusal;
     const GraphPlan& plan = *entry.plan;
-    Workspace workspace;
-    if (plan.workspace_bytes() > 0 && !(workspace = allocate(plan.workspace_bytes()))) {
-      return detail::concat(to_string(config), ": out of memory for a ", plan.workspace_bytes(), "-byte workspace");
-    }
+    std::optional<Workspace> workspace = workspace_for(allocate, plan.workspace_bytes());
+    if (!workspace) return out_of_memory(to_string(config), plan.workspace_bytes());
     try {
-      plan.execute(handle_, buffers, workspace.data());
+      plan.execute(handle_, buffers, workspace->data());
     } catch (const Error& e) {
       return detail::concat(to_string(config), ": ", e.what());
     }

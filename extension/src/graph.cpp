@@ -146,18 +146,19 @@ std::shared_ptr<Graph> operation_graph(cudnnHandle_t handle, const ConvolutionKe
   return graph;
 }
 
-std::unordered_map<std::int64_t, void*> variant_pack(const ConvolutionBuffers& buffers) {
-  return {{kUidX, buffers.x}, {kUidW, buffers.w}, {kUidY, buffers.y}};
+VariantPack variant_pack(const ConvolutionBuffers& buffers) {
+  static_assert(kUidX < kUidW && kUidW < kUidY, "the pack lists the buffers in the order of their uids");
+  return {buffers.x, buffers.w, buffers.y};
 }
 
 // Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
 // Stops after 3 runs whose fastest is slower than timing.give_up_ms: such a plan cannot win.
-std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
+std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, VariantPack& pack,
                              void* workspace, std::int64_t index, const Timing& timing) {
   cudaStream_t stream = nullptr;
   cudnnGetStream(handle, &stream);
   for (int i = 0; i < timing.warmup; ++i) {
-    if (graph.execute_plan_at_index(handle, pack, workspace, index).is_bad()) return {};
+    if (graph.execute_plan_at_index(handle, pack.data(), static_cast<int>(pack.size()), workspace, index).is_bad()) return {};
   }
   cudaEvent_t start = nullptr, stop = nullptr;
   cudaEventCreate(&start);
@@ -166,7 +167,7 @@ std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, std::unor
   for (int i = 0; i < timing.repetitions; ++i) {
     if (timing.flush) (*timing.flush)(stream);
     cudaEventRecord(start, stream);
-    const bool ran = graph.execute_plan_at_index(handle, pack, workspace, index).is_good();
+    const bool ran = graph.execute_plan_at_index(handle, pack.data(), static_cast<int>(pack.size()), workspace, index).is_good();
     cudaEventRecord(stop, stream);
     float elapsed = 0.0f;
     if (!ran || cudaEventSynchronize(stop) != cudaSuccess ||
@@ -335,8 +336,8 @@ std::vector<std::uint8_t> GraphPlan::serialize() const {
 void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const {
   CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned (", to_string(direction_), ")");
-  auto pack = variant_pack(buffers);
-  fe::error_t status = graph_->execute(handle, pack, workspace);
+  VariantPack pack = variant_pack(buffers);
+  fe::error_t status = graph_->execute(handle, pack.data(), static_cast<int>(pack.size()), workspace);
   CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: execute failed (", status.get_message(), ") for a ",
                       to_string(direction_), " plan");
 }

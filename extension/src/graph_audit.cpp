@@ -38,10 +38,10 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
     // Native runs this very plan, whatever its knobs; a config that leaves some out only labels it.
     bool complete = true;
     std::optional<EngineCandidate> config = describe_plan(*graph, index, &complete);
-    Workspace workspace;
-    if (!config || (config->workspace_bytes > 0 && !(workspace = allocate(config->workspace_bytes)))) continue;
-    const std::vector<float> sample =
-        time_plan(*graph, handle, pack, workspace.data(), index, Timing{1, 1});
+    if (!config) continue;
+    const std::optional<Workspace> workspace = workspace_for(allocate, config->workspace_bytes);
+    if (!workspace) continue;
+    const std::vector<float> sample = time_plan(*graph, handle, pack, workspace->data(), index, Timing{1, 1});
     if (sample.empty()) continue;
     if (heuristic_index < 0) {
       heuristic_index = index;
@@ -72,11 +72,10 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   };
   std::vector<Contender> contenders;
   const auto contend = [&](std::int64_t index, const EngineCandidate& config) {
-    Contender contender{index, &config, Workspace(), {}};
-    const std::uint64_t bytes = config.workspace_bytes;
-    CUDNN_CACHE_REQUIRE(bytes == 0 || (contender.workspace = allocate(bytes)), "out of memory for a ", bytes,
-                        "-byte workspace while auditing ", key);
-    contenders.push_back(std::move(contender));
+    std::optional<Workspace> workspace = workspace_for(allocate, config.workspace_bytes);
+    CUDNN_CACHE_REQUIRE(workspace, "out of memory for a ", config.workspace_bytes, "-byte workspace while auditing ",
+                        key);
+    contenders.push_back(Contender{index, &config, std::move(*workspace), {}});
     return contenders.size() - 1;
   };
   const std::size_t stored_at = contend(stored_index, audit.stored.config);

@@ -6,11 +6,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include <cudnn_frontend.h>
@@ -22,8 +22,10 @@ namespace cudnn_cache::graph_internal {
 namespace fe = cudnn_frontend;
 using fe::graph::Graph;
 
-// The variant pack of a direction's buffers (fixed uids: it does not depend on the direction).
-std::unordered_map<std::int64_t, void*> variant_pack(const ConvolutionBuffers& buffers);
+// The variant pack of a direction's buffers: their pointers in the order of their uids, which is how
+// cudnn-frontend's execute takes them without a map per call (fixed uids: it does not depend on the direction).
+using VariantPack = std::array<void*, 3>;
+VariantPack variant_pack(const ConvolutionBuffers& buffers);
 
 // Scratch memory written before each timed run, so every candidate starts with its operands out of L2 (Note
 // [Engine configs]): back-to-back runs on L2-resident buffers favour configs that lose inside a network.
@@ -57,7 +59,7 @@ struct Timing {
 
 // Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
 // Stops after 3 runs whose fastest is slower than timing.give_up_ms: such a plan cannot win.
-std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
+std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, VariantPack& pack,
                              void* workspace, std::int64_t index, const Timing& timing);
 
 float median(std::vector<float> times);

@@ -46,12 +46,12 @@ class EngineSearch {
       const std::int64_t replayable = add_plan(*graph_, *config);
       return replayable >= 0 && time(replayable, false);
     }
-    Workspace workspace;
-    if (config->workspace_bytes > 0 && !(workspace = allocate_(config->workspace_bytes))) return false;  // OOM
+    const std::optional<Workspace> workspace = workspace_for(allocate_, config->workspace_bytes);
+    if (!workspace) return false;  // out of memory: not a candidate here
     Timing timing{options_.warmup, options_.repetitions, &flush_};
     if (best_ms_ < std::numeric_limits<float>::infinity()) timing.give_up_ms = best_ms_ * options_.give_up_ratio;
     const std::vector<float> times =
-        time_plan(*graph_, handle_, pack_, workspace.data(), index, timing);
+        time_plan(*graph_, handle_, pack_, workspace->data(), index, timing);
     if (times.empty()) return false;
     config->time_ms = median(times);
     best_ms_ = std::min(best_ms_, config->time_ms);
@@ -74,12 +74,12 @@ class EngineSearch {
     if (finalists.size() < 2) return;
     std::uint64_t bytes = 0;
     for (std::size_t i : finalists) bytes = std::max(bytes, configs_[i].workspace_bytes);
-    Workspace workspace;
-    if (bytes > 0 && !(workspace = allocate_(bytes))) return;
+    const std::optional<Workspace> workspace = workspace_for(allocate_, bytes);
+    if (!workspace) return;
     std::vector<std::vector<float>> times(finalists.size());
     for (int round = 0; round < options_.repetitions; ++round) {
       for (std::size_t f = 0; f < finalists.size(); ++f) {
-        const std::vector<float> run = time_plan(*graph_, handle_, pack_, workspace.data(),
+        const std::vector<float> run = time_plan(*graph_, handle_, pack_, workspace->data(),
                                                  indices_[finalists[f]],
                                                  Timing{round == 0 ? options_.warmup : 0, 1, &flush_});
         if (run.empty()) return;  // it ran before; if it fails now, keep what was measured then
@@ -117,7 +117,7 @@ class EngineSearch {
   const WorkspaceAllocator& allocate_;
   GraphSearchOptions options_;
   std::shared_ptr<Graph> graph_;
-  std::unordered_map<std::int64_t, void*> pack_;
+  VariantPack pack_;
   L2Flush flush_;
   std::set<std::string> names_;  // of the plans timed: the heuristic lists overlap
   std::vector<EngineCandidate> configs_;

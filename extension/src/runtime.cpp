@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backends.h"
@@ -70,21 +71,43 @@ void require_not_capturing(cudnnHandle_t handle, const ConvolutionKey& key) {
                       "timing synchronises the stream, which ends the capture. Tune before capturing");
 }
 
+// What a walk over candidates came to: whether one ran, and why the last eligible one that could not run did
+// not ("" when none failed).
+struct Walk {
+  bool ran = false;
+  std::string why_not;
+};
+
+// The one walk of every call (Note [Running a cached convolution]): runs the candidates in order, skipping those
+// the call may not run, until one runs. `ranked`: the first candidate leads a ranking (the backend may keep
+// what it builds for it); cuDNN's heuristic order is not one.
+template <typename Chosen, typename Candidates>
+Walk walk(Chosen& backend, const Candidates& candidates, bool ranked, const ConvolutionBuffers& buffers,
+          const WorkspaceAllocator& allocate, bool deterministic) {
+  Walk walked;
+  bool first = ranked;
+  for (const auto& candidate : candidates) {
+    if (!eligible(candidate, deterministic)) continue;
+    std::string failure = backend.run(candidate, std::exchange(first, false), buffers, allocate);
+    if (failure.empty()) {
+      walked.ran = true;
+      return walked;
+    }
+    walked.why_not = std::move(failure);
+  }
+  return walked;
+}
+
 // The last resort of every call, and the heuristic miss policy's choice: cuDNN's heuristic order, run through
 // the legacy API and stored nowhere. `why_not_cached` says why the cached candidates did not run, if any did not.
 template <typename Traits>
 void run_heuristics(LegacyBackend<Traits>& legacy, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                     const WorkspaceAllocator& allocate, bool deterministic, const std::string& why_not_cached) {
-  std::string why_not;
-  for (const Candidate<Traits>& candidate : legacy.heuristics()) {
-    if (!eligible(candidate, deterministic)) continue;
-    std::string failure = legacy.run(candidate, false, buffers, allocate);
-    if (failure.empty()) return;
-    why_not = std::move(failure);
-  }
+  const Walk walked = walk(legacy, legacy.heuristics(), false, buffers, allocate, deterministic);
+  if (walked.ran) return;
   throw Error(detail::concat("cudnn_cache: no cuDNN engine or algorithm could run ", key, " (last: ",
                              why_not_cached.empty() ? "" : why_not_cached + "; ",
-                             why_not.empty() ? none_eligible(deterministic) : why_not, ")"));
+                             walked.why_not.empty() ? none_eligible(deterministic) : walked.why_not, ")"));
 }
 
 }  // namespace
@@ -253,19 +276,13 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
   const std::shared_ptr<const Ranking<Traits>> ranking =
       lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate);
-  std::string why_not;  // why the last eligible candidate that could not run did not
+  std::string why_not;  // why the cached candidates did not run, when they did not
   if (ranking) {
-    for (const typename Traits::Candidate& candidate : *ranking) {
-      if (!eligible(candidate, deterministic)) continue;
-      std::string failure = backend.run(candidate, &candidate == ranking->begin(), buffers, allocate);
-      if (failure.empty()) {
-        if (!why_not.empty()) count_fallback(could_not_run(key, why_not));
-        return;
-      }
-      why_not = std::move(failure);
-    }
-    if (why_not.empty()) why_not = none_eligible(deterministic);
-    count_fallback(could_not_run(key, why_not));
+    Walk walked = walk(backend, *ranking, true, buffers, allocate, deterministic);
+    if (walked.ran && walked.why_not.empty()) return;
+    why_not = walked.why_not.empty() ? none_eligible(deterministic) : std::move(walked.why_not);
+    count_fallback(could_not_run(key, why_not));  // a cached candidate passed over
+    if (walked.ran) return;
   }
   if constexpr (is_graph<Traits>) {
     LegacyBackend<Legacy> legacy(handle, key);

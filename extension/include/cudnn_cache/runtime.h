@@ -44,6 +44,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -157,6 +158,14 @@ class Workspace {
 
 // Returns a workspace of at least `bytes` bytes, or an empty one when the device has no memory for it.
 using WorkspaceAllocator = std::function<Workspace(std::size_t bytes)>;
+
+// The workspace of `bytes` a candidate needs (none for 0 bytes), or nullopt when the allocator cannot give it.
+inline std::optional<Workspace> workspace_for(const WorkspaceAllocator& allocate, std::size_t bytes) {
+  if (bytes == 0) return Workspace();
+  Workspace workspace = allocate(bytes);
+  if (!workspace) return std::nullopt;
+  return std::optional<Workspace>(std::move(workspace));
+}
 
 // How the graph API's search times candidates; see Note [Engine configs].
 struct GraphSearchOptions {
