@@ -581,15 +581,23 @@ def test_conv2d_groups_match_their_halves(case, dtype, tf32):
                                          grad_output=grad_output[:, outputs].contiguous()))
             return grouped, halves
 
-    _, ((output, grads), halves) = run_both(run, x, weight, bias, grad_output,
-                                                 tolerance=tolerance_for(tf32))
-    # PyTorch's own check, on cudnn_cache's results: the grouped convolution is its two halves side by side.
+    tolerance = tolerance_for(tf32)
+    native, ours = run_both(run, x, weight, bias, grad_output, tolerance=tolerance)
+    # PyTorch's own check: the grouped convolution is its two halves side by side, within its precision P. It
+    # holds for native's results, as PyTorch checks them. cudnn_cache runs each of the six convolutions with the
+    # algorithm it timed fastest, as benchmark=True would, which need not be heuristics' pick nor round alike,
+    # and run_both checked each result against native's within `tolerance` T; so its two sides agree within
+    # P + 2T (on the H200 they once differed by 2.5e-5 in float32, where P is 1e-5).
     precision = max(PYTORCH_PRECISION[dtype], 1e-3 if tf32 else 0.0)
-    torch.testing.assert_close(output, torch.cat([halves[0][0], halves[1][0]], 1), rtol=0, atol=precision)
-    torch.testing.assert_close(grads[0], torch.cat([halves[0][1][0], halves[1][1][0]], 1), rtol=0, atol=precision)
-    weight_precision = 1e-1 if dtype == torch.float16 else precision
-    torch.testing.assert_close(grads[1], torch.cat([halves[0][1][1], halves[1][1][1]], 0), rtol=0,
-                               atol=weight_precision)
+    rtol, atol = tolerance[dtype]
+    for ((output, grads), halves), sides_off_native in ((native, 0), (ours, 2)):
+        for result, parts, dim, p in ((output, [h[0] for h in halves], 1, precision),
+                                      (grads[0], [h[1][0] for h in halves], 1, precision),
+                                      (grads[1], [h[1][1] for h in halves], 0,
+                                       1e-1 if dtype == torch.float16 else precision)):
+            expected = torch.cat(parts, dim)
+            bound = p + sides_off_native * (atol + rtol * expected.abs().max().item())
+            torch.testing.assert_close(result, expected, rtol=0, atol=bound)
 
 
 # Port of TestConvolutionNN.test_grouped_conv_cudnn_nhwc_support.
