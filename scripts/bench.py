@@ -211,8 +211,9 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="a short run: --steps 20, --warmup 3 and the --quick workloads, unless given")
     parser.add_argument("--steps", type=int,
-                        help=f"steady steps timed per case, steps profiled for GPU time, and rounds of the overhead "
-                             f"case (>= {MIN_STEPS}, with --quick >= {MIN_STEPS_QUICK}; default 30, --quick 20)")
+                        help=f"steady steps timed per case and steps profiled for GPU time (>= {MIN_STEPS}, with "
+                             f"--quick >= {MIN_STEPS_QUICK}; default 30, --quick 20); the overhead case runs 300 rounds, "
+                             f"or this many if more (with --quick, this many)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 5, --quick 3)")
     parser.add_argument("--output-dir", type=pathlib.Path, default=ROOT / "docs",
                         help="where bench.md and bench.png go (default: docs/ of the repository)")

@@ -70,6 +70,10 @@ OVERHEAD_CALLS = 1000
 TRAIN_INPUT = (8, 16, 8, 8)
 TRAIN_WEIGHT = (16, 16, 3, 3)
 TRAIN_CALLS = 50
+# Rounds of the micro case, at least: a round takes about 0.1 s, and a host-time difference of 1 us per call
+# needs a few hundred interleaved rounds for the medians' 95% intervals to tell it from drift. --quick runs
+# --steps rounds.
+OVERHEAD_ROUNDS = 300
 
 OVERHEAD_LABELS = {  # its rows: result name -> the call timed
     "native_heuristic": "F.conv2d (benchmark=False)",
@@ -316,10 +320,10 @@ def gpu_time_per_step(step: Callable[[], None], device: torch.device,
 def run_overhead_case(args) -> dict:
     """Host overhead per call, the cache warm (tuned before timing, then miss policy 'error'). Each row times a
     round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
-    host-only time before that synchronize; --steps rounds, interleaved so drift hits every row alike, give
-    each row's median and its 95% interval (bench_stats). The forward rows make OVERHEAD_CALLS no-grad calls of
-    a tiny convolution; the training rows TRAIN_CALLS iterations of forward + backward (torch.autograd.grad
-    of input and weight) of a 16 -> 16 3x3 convolution.
+    host-only time before that synchronize; OVERHEAD_ROUNDS rounds (or --steps, if more; with --quick, --steps),
+    interleaved so drift hits every row alike, give each row's median and its 95% interval (bench_stats). The
+    forward rows make OVERHEAD_CALLS no-grad calls of a tiny convolution; the training rows TRAIN_CALLS
+    iterations of forward + backward (torch.autograd.grad of input and weight) of a 16 -> 16 3x3 convolution.
     op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
     (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python;
     train_op_overhead_above_native_us and train_intercept_overhead_above_native_us: the training rows' host
@@ -391,7 +395,8 @@ def run_overhead_case(args) -> dict:
     cudnn_cache.set_miss_policy("error")
     cudnn_cache.reset_stats()
     rounds = {name: [] for name in rows}
-    for _ in range(args.steps):
+    repeats = args.steps if args.quick else max(args.steps, OVERHEAD_ROUNDS)
+    for _ in range(repeats):
         for name, row in rows.items():
             rounds[name].append(time_round(*row))
 
@@ -406,7 +411,7 @@ def run_overhead_case(args) -> dict:
         return results[name]["host_us"] - min(results[native]["host_us"] for native in natives)
 
     return {"workload": OVERHEAD, "backend": cudnn_cache.backend(), "input": list(OVERHEAD_INPUT),
-            "weight": list(OVERHEAD_WEIGHT), "padding": 1, "calls": OVERHEAD_CALLS, "repeats": args.steps,
+            "weight": list(OVERHEAD_WEIGHT), "padding": 1, "calls": OVERHEAD_CALLS, "repeats": repeats,
             "train_input": list(TRAIN_INPUT), "train_weight": list(TRAIN_WEIGHT), "train_calls": TRAIN_CALLS,
             "results": results,
             "op_overhead_above_native_us": above_better_native("op_scripted", ["native_scripted"]),
