@@ -15,6 +15,12 @@ carries over between them):
     cache_intercept    as cache_warm, but the model is not converted: cudnn_cache.intercept() routes PyTorch's
                        own convolutions (aten::convolution and its backward) through the cache
 
+Then, unless --no-interleaved, two more processes per workload (WORKLOAD:interleaved:NATIVE_MODE), one per
+native mode: each loads cache_cold's file and takes a steady step natively, through the converted model and
+under intercept, in turn, --steps rounds, and reports each cache mode's step over native's per round (paired).
+Separate processes differ by more than the modes do (host jitter, clocks), so these are the wall-clock
+comparisons the steady targets judge; PyTorch keeps one plan cache for both its modes, hence one process each.
+
 The cache modes run through the backend --backend names (cudnn_cache.set_backend): 'graph' (default) runs
 cuDNN graph-API engine configs, 'legacy' replays cudnnConvolution*Algo_t.
 
@@ -75,7 +81,8 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-from bench_cases import LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS, run_case  # noqa: E402
+from bench_cases import (INTERLEAVED, INTERLEAVED_NATIVE, LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS,  # noqa: E402
+                         run_case)
 from bench_plot import plot  # noqa: E402
 from bench_report import add_derived, check_targets, combine, markdown, notes  # noqa: E402
 from bench_stats import format_interval  # noqa: E402
@@ -129,6 +136,8 @@ def describe(result: dict) -> str:
         return "FAILED: " + result["error"].splitlines()[0]
     if result["workload"] == OVERHEAD:
         return ", ".join(f"{name} {r['host_us']:.1f} us/call (host)" for name, r in result["results"].items())
+    if "ratio_to_native" in result:
+        return ", ".join(f"{mode} ÷ native {format_interval(r, '.3f')}" for mode, r in result["ratio_to_native"].items())
     line = f"first step {result['first_s']:.2f} s, steady {format_interval(result['wall_ms'], '.2f', ' ms')}"
     if "warm_start_s" in result:
         line += f", warm start {result['warm_start_s']:.2f} s"
@@ -136,27 +145,36 @@ def describe(result: dict) -> str:
 
 
 def run_all(args) -> dict:
-    """Runs every selected case in its own process, in order (cache_warm after cache_cold of its workload)."""
-    plan = [(w, m) for w in args.workloads if w != OVERHEAD for m in MODES if m in args.modes]
+    """Runs every selected case in its own process, in order (cache_warm after cache_cold of its workload, the
+    interleaved cases after both)."""
+    plan = []
+    for workload in args.workloads:
+        if workload != OVERHEAD:
+            plan += [(workload, mode) for mode in MODES if mode in args.modes]
+            if args.interleaved and "cache_cold" in args.modes:
+                plan += [(workload, f"{INTERLEAVED}:{native}") for native in INTERLEAVED_NATIVE]
     if OVERHEAD in args.workloads:
         plan.append((OVERHEAD, None))
-    cases, overhead = [], None
+    cases, interleaved, overhead = [], [], None
     with tempfile.TemporaryDirectory(prefix="cudnn_cache_bench_") as folder:
         for index, (workload, mode) in enumerate(plan, 1):
             name = workload if mode is None else f"{workload}:{mode}"
             cache_file = pathlib.Path(folder) / f"{workload}.cache" if mode else None
-            if mode in LOADS_COLD_FILE and not cache_file.exists():
+            if mode is not None and (mode in LOADS_COLD_FILE or mode.startswith(INTERLEAVED)) and not cache_file.exists():
                 result = {"error": "skipped: cache_cold of this workload wrote no cache file"}
             else:
                 result = run_subprocess(case_command(name, args, cache_file), args.timeout)
             result.setdefault("workload", workload)
             if mode is None:
                 overhead = result
+            elif mode.startswith(INTERLEAVED):
+                result.setdefault("native_mode", mode.split(":")[1])
+                interleaved.append(result)
             else:
                 result.setdefault("mode", mode)
                 cases.append(result)
             print(f"[{index}/{len(plan)}] {name}: {describe(result)}", flush=True)
-    return {"cases": cases, "overhead": overhead}
+    return {"cases": cases, "interleaved": interleaved, "overhead": overhead}
 
 
 def environment(device: str) -> dict:
@@ -201,6 +219,10 @@ def parse_args(argv=None):
                         help=f"a subset of: {', '.join(MODES)} (default: all; cache_warm needs cache_cold)")
     parser.add_argument("--backend", choices=BACKENDS, default="graph",
                         help="cudnn_cache.set_backend for the cache modes and the overhead case (default graph)")
+    parser.add_argument("--interleaved", action=argparse.BooleanOptionalAction, default=True,
+                        help="after a workload's modes, its steady step natively and through the cache taken in turn "
+                             "in one process, once per native mode: the wall-clock comparison the targets use "
+                             "(needs cache_cold; default on)")
     parser.add_argument("--audit", action="store_true",
                         help="after cache_cold, time every tuned key against native's choices (cudnn_cache.audit)")
     parser.add_argument("--combine", nargs="+", type=pathlib.Path, metavar="JSON",
@@ -271,7 +293,7 @@ def main(argv=None) -> int:
     if args.case:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
-                "audit": args.audit, "tuning": args.tuning,
+                "audit": args.audit, "interleaved": args.interleaved, "tuning": args.tuning,
                 "steps": args.steps, "warmup": args.warmup, "timeout_s": args.timeout, "device": args.device}
     report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings)}
     report.update(run_all(args))

@@ -61,6 +61,12 @@ MODES: Dict[str, Mode] = {
     "cache_intercept": Mode(benchmark=False, miss_policy="error", tunes=False, intercept=True),
 }
 LOADS_COLD_FILE = ("cache_warm", "cache_intercept")  # modes that load the file cache_cold saved
+# The interleaved cases (--case WORKLOAD:interleaved:NATIVE_MODE): the steady step of native (one of these
+# modes), cache_warm and cache_intercept, one step of each in turn, in one process. PyTorch keeps one cuDNN plan
+# cache for both of its modes (keyed without the benchmark flag), so each native mode gets its own process.
+INTERLEAVED = "interleaved"
+INTERLEAVED_NATIVE = ("native_heuristic", "native_benchmark")
+INTERLEAVED_MODES = ("native", "cache_warm", "cache_intercept")
 
 # The micro case: a tiny convolution, forward only, called OVERHEAD_CALLS times without synchronizing; and the
 # eager training path, forward + backward of a 16 -> 16 3x3 convolution, TRAIN_CALLS times. --steps rounds each.
@@ -445,10 +451,69 @@ def scripted_op_loop(x: torch.Tensor, w: torch.Tensor, calls: int) -> List[torch
     return outputs
 
 
+def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:
+    """Steady steps of one workload in three modes taken in turn in one process: native (native_mode), the
+    converted model on the file cache_cold saved (cache_warm) and the unmodified model under intercept
+    (cache_intercept). Separate processes differ by more than these modes do (host jitter, clocks, where memory
+    landed), so the wall-clock comparison that counts is this one: every round times one step of each mode,
+    in an order that rotates by round, and each cache mode's ratio to native is taken per round (paired), then
+    summarised as a median with its 95% interval (bench_stats). GPU time is the training cases' to report."""
+    import cudnn_cache
+
+    workload, device = WORKLOADS[workload_name], torch.device(args.device)
+    torch.backends.cudnn.benchmark = MODES[native_mode].benchmark
+    cudnn_cache.set_backend(args.backend)
+    initialise_libraries(device, cudnn_cache)
+    cudnn_cache.clear()
+    loaded = cudnn_cache.load(args.cache_file)
+    cudnn_cache.set_miss_policy("error")
+    native, x, convolutions = model_and_input(workload, device, None)
+    converted, _, _ = model_and_input(workload, device, cudnn_cache)
+    if device.type == "cuda":
+        cudnn_cache.prepare()
+
+    def step_of(model, intercept: bool):
+        def step():
+            cudnn_cache.intercept(intercept)
+            try:
+                synchronize(device)
+                started = time.perf_counter()
+                model.zero_grad(set_to_none=True)
+                model(x).float().sum().backward()
+                synchronize(device)
+                return time.perf_counter() - started
+            finally:
+                cudnn_cache.intercept(False)
+        return step
+
+    steps = {"native": step_of(native, False), "cache_warm": step_of(converted, False),
+             "cache_intercept": step_of(native, True)}
+    for step in steps.values():  # native benchmark mode tunes on its first step
+        for _ in range(args.warmup + 1):
+            step()
+    cudnn_cache.reset_stats()
+    times: Dict[str, List[float]] = {mode: [] for mode in steps}
+    order = list(steps)
+    for round_index in range(args.steps):
+        shift = round_index % len(order)
+        for mode in order[shift:] + order[:shift]:
+            times[mode].append(1e3 * steps[mode]())
+    stats = cudnn_cache.stats()
+    return {"workload": workload_name, "native_mode": native_mode, "backend": cudnn_cache.backend(),
+            "convolutions": convolutions, "loaded_entries": loaded, "steps_ms": times,
+            "wall_ms": {mode: median_interval(values) for mode, values in times.items()},
+            "ratio_to_native": {mode: median_interval([a / b for a, b in zip(times[mode], times["native"])])
+                                for mode in ("cache_warm", "cache_intercept")},
+            "stats": stats}
+
+
 def run_case(args) -> int:
     """The --case entry point: runs one case and prints its result as one JSON line."""
     if args.case == OVERHEAD:
         result = run_overhead_case(args)
+    elif f":{INTERLEAVED}:" in args.case:
+        workload_name, _, native_mode = args.case.split(":")
+        result = run_interleaved_case(workload_name, native_mode, args)
     else:
         workload_name, mode_name = args.case.split(":")
         result = run_training_case(workload_name, mode_name, args)

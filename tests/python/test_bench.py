@@ -97,8 +97,25 @@ def synthetic_report() -> dict:
                 "steps": 30, "warmup": 5, "timeout_s": 180.0, "device": "cuda"}
     environment = {"date": "2026-11-29T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
                    "cuda": "13.0", "cudnn": 91900, "cudnn_allow_tf32": True, "python": "3.11", "host": "test"}
+    interleaved = [interleaved_result("resnet50_fp32", "native_heuristic", 24.9, 0.99, 1.01),
+                   interleaved_result("resnet50_fp32", "native_benchmark", 29.9, 0.97, 1.0),
+                   interleaved_result("seed", "native_heuristic", 1.0, 1.10, 1.12),
+                   {"workload": "seed", "native_mode": "native_benchmark", "error": FAILED_ERROR}]
     return {"environment": environment, "settings": settings, "notes": bench_report.notes(settings), "cases": cases,
-            "overhead": overhead}
+            "interleaved": interleaved, "overhead": overhead}
+
+
+def interleaved_result(workload: str, native_mode: str, native_ms: float, warm: float, intercept: float) -> dict:
+    """An interleaved case as its process prints it: 30 rounds; the cache modes' steps are `warm` and
+    `intercept` times native's, every other round 2% apart either way."""
+    native = [native_ms * (1.02 if i % 2 else 1.0) for i in range(30)]
+    steps = {"native": native, "cache_warm": [warm * n for n in native], "cache_intercept": [intercept * n for n in native]}
+    return {"workload": workload, "native_mode": native_mode, "backend": "graph", "convolutions": 53,
+            "loaded_entries": 159, "steps_ms": steps,
+            "wall_ms": {mode: bench_stats.median_interval(values) for mode, values in steps.items()},
+            "ratio_to_native": {mode: bench_stats.median_interval([a / b for a, b in zip(steps[mode], native)])
+                                for mode in ("cache_warm", "cache_intercept")},
+            "stats": stats(0, 100)}
 
 
 def section(markdown: str, title: str) -> str:
@@ -134,7 +151,8 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert by_case[("conv3d_fp32", "cache_warm")]["derived"]["wall_loss_vs_best_native"] is False
     failed = by_case[("resnet18_fp16_cl", "cache_warm")]
     assert "derived" not in failed and failed["error"] == FAILED_ERROR
-    assert len(data["targets"]) == 6 * 5 + 3 and data["targets"] == report["targets"]
+    assert len(data["targets"]) == 6 * 5 + 2 * 2 + 3 and data["targets"] == report["targets"]
+    assert len(data["interleaved"]) == 4
 
     assert (tmp_path / "bench.md").read_text() == markdown
     for title, columns in (("First step and start-up", bench_report.START_COLUMNS),
@@ -158,6 +176,13 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     for text in (start, steady):
         assert "FAILED: exit code 1: RuntimeError: cudnn_cache: miss \\| key" in text
         assert "Traceback: more" not in text  # the first line of the error only
+    interleaved = section(markdown, "Steady state, interleaved in one process")
+    rows = table_rows(interleaved)
+    assert len(rows) == 2 + 4 and all(len(row) == 7 for row in rows)
+    assert ("| ResNet-50 fp32 bs32 | native_heuristic | 25.15 [24.90, 25.40] ms | 24.90 [24.65, 25.14] ms | "
+            "0.990 [0.990, 0.990] | 25.40 [25.15, 25.65] ms | 1.010 [1.010, 1.010] |") in interleaved
+    assert "| two-conv model of the seed (bs7, 32x32) | native_benchmark | FAILED: exit code 1" in interleaved
+    assert "30 rounds" in interleaved
     overhead = section(markdown, "Host overhead per call")
     assert "| torch.ops.cudnn_cache.convolution | 10.0 [9.5, 10.5] us | 9.0 [8.5, 9.5] us |" in overhead
     assert "| cudnn_cache.functional.conv2d | 11.0 [10.5, 11.5] us | 10.0 [9.5, 10.5] us |" in overhead
@@ -204,6 +229,13 @@ def test_targets_met_missed_and_without_data(tmp_path):
     no_warm = targets[("resnet18_fp16_cl", "warm first step")]  # its cache_warm failed
     assert no_warm["value"] is None and no_warm["met"] is None
     assert targets[("resnet18_fp16_cl", tuning)]["met"] is True
+    # Interleaved: against each native mode in its own process; the better native is the higher ratio.
+    by_mode = {(t["workload"], t["target"].split(" steady")[0]): t for t in report["targets"] if t.get("interleaved")}
+    warm = by_mode[("resnet50_fp32", "cache_warm")]
+    assert (warm["value"], warm["met"]) == (pytest.approx(0.99), True)
+    intercepted = by_mode[("resnet50_fp32", "cache_intercept")]
+    assert (intercepted["value"], intercepted["met"]) == (pytest.approx(1.01), False)  # its interval is above 1
+    assert by_mode[("seed", "cache_warm")]["met"] is None  # one of the two native processes failed: no data
     op = targets[("overhead", "op host time per call in TorchScript")]
     assert (op["value"], op["limit"], op["met"]) == (1.5, 1.0, False)
     train_op = targets[("overhead", "eager training path (forward + backward) through the op")]
@@ -213,7 +245,7 @@ def test_targets_met_missed_and_without_data(tmp_path):
 
     text = section(markdown, "Targets")
     rows = table_rows(text)
-    assert len(rows) == 2 + 33 and all(len(row) == 5 for row in rows)
+    assert len(rows) == 2 + 37 and all(len(row) == 5 for row in rows)
     assert "| ResNet-50 fp32 bs32 | warm first step ≤ native_heuristic first step | 0.30 s | 0.47 s | met |" in text
     assert ("| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed "
             "(intervals apart) |") in text
@@ -226,7 +258,10 @@ def test_targets_met_missed_and_without_data(tmp_path):
     assert ("| host overhead | eager training path (forward + backward) through the op ≤ better native's + 1 us | "
             "0.5 us | 1.0 us | met |") in text
     met = sum(t["met"] is True for t in report["targets"])
-    assert f"{met} of 33 met" in text
+    assert ("| ResNet-50 fp32 bs32 | cache_intercept steady ÷ better native steady ≤ 1.00, interleaved in one process "
+            "(the paired ratio per round; met while its 95% interval reaches 1.00) | 1.01 [1.01, 1.01] | 1.00 | missed |"
+            ) in text
+    assert f"{met} of 37 met" in text
 
 
 def test_derived_columns_without_native_cases(tmp_path):
@@ -279,12 +314,20 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     results = bench.run_all(args)
     assert commands == ["seed:native_benchmark", "seed:native_heuristic", "seed:cache_cold",
                         "conv3d_fp32:native_benchmark", "conv3d_fp32:native_heuristic", "conv3d_fp32:cache_cold",
-                        "conv3d_fp32:cache_warm", "conv3d_fp32:cache_intercept", "overhead"]
+                        "conv3d_fp32:cache_warm", "conv3d_fp32:cache_intercept",
+                        "conv3d_fp32:interleaved:native_heuristic", "conv3d_fp32:interleaved:native_benchmark",
+                        "overhead"]
     modes = [(c["workload"], c["mode"], c.get("error", "")[:7]) for c in results["cases"]]
     assert ("seed", "cache_cold", "exit co") in modes and ("seed", "cache_warm", "skipped") in modes
     assert ("seed", "cache_intercept", "skipped") in modes
     assert len(results["cases"]) == 10 and results["overhead"]["workload"] == "overhead"
-    assert "[3/11] seed:cache_cold: FAILED: exit code 1: tuning failed" in capsys.readouterr().out
+    interleaved = [(r["workload"], r["native_mode"], r.get("error", "")[:7]) for r in results["interleaved"]]
+    assert interleaved == [("seed", "native_heuristic", "skipped"), ("seed", "native_benchmark", "skipped"),
+                           ("conv3d_fp32", "native_heuristic", ""), ("conv3d_fp32", "native_benchmark", "")]
+    assert "[3/15] seed:cache_cold: FAILED: exit code 1: tuning failed" in capsys.readouterr().out
+    args = bench.parse_args(["--workloads", "seed", "--device", "cpu", "--backend", "legacy", "--no-interleaved"])
+    commands.clear()
+    assert bench.run_all(args)["interleaved"] == [] and not any("interleaved" in c for c in commands)
 
 
 def run_script(*args, env=None):
@@ -456,6 +499,23 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     assert intercepted["loaded_entries"] == 0 and intercepted["stats"]["tunes"] == 0
     intercept_target = next(t for t in data["targets"] if t["target"].startswith("intercepted steady"))
     assert intercept_target["value"] == pytest.approx(intercepted["steady_ms"] / warm["steady_ms"])
+    # The interleaved cases: one process per native mode, every round a step of each mode, the ratios paired.
+    assert [(r["workload"], r["native_mode"]) for r in data["interleaved"]] == [
+        ("seed", native) for native in bench_cases.INTERLEAVED_NATIVE]
+    for result in data["interleaved"]:
+        assert "error" not in result, result
+        assert set(result["steps_ms"]) == set(bench_cases.INTERLEAVED_MODES)
+        assert all(len(steps) == 20 for steps in result["steps_ms"].values())
+        steps = result["steps_ms"]
+        for mode in ("cache_warm", "cache_intercept"):
+            paired = [a / b for a, b in zip(steps[mode], steps["native"])]
+            assert result["ratio_to_native"][mode] == bench_stats.median_interval(paired)
+        assert result["wall_ms"]["native"] == bench_stats.median_interval(steps["native"])
+    interleaved_targets = [t for t in data["targets"] if t.get("interleaved")]
+    assert [t["target"].split(" steady")[0] for t in interleaved_targets] == ["cache_warm", "cache_intercept"]
+    for t in interleaved_targets:
+        assert t["met"] in (True, False) and t["value"] == max(
+            r["ratio_to_native"][t["target"].split(" steady")[0]]["median"] for r in data["interleaved"])
     overhead = data["overhead"]
     results = overhead["results"]
     assert set(results) == {"native_heuristic", "native_benchmark", "op", "functional", "native_scripted",
