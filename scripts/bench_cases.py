@@ -327,7 +327,8 @@ def run_overhead_case(args) -> dict:
     """Host overhead per call, the cache warm (tuned before timing, then miss policy 'error'). Each row times a
     round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
     host-only time before that synchronize; OVERHEAD_ROUNDS rounds (or --steps, if more; with --quick, --steps),
-    interleaved so drift hits every row alike, give each row's median and its 95% interval (bench_stats). The
+    interleaved in an order that rotates by round so that drift and place hit every row alike, give each row's
+    median and its 95% interval (bench_stats). The
     forward rows make OVERHEAD_CALLS no-grad calls of a tiny convolution; the training rows TRAIN_CALLS
     iterations of forward + backward (torch.autograd.grad of input and weight) of a 16 -> 16 3x3 convolution.
     op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
@@ -402,9 +403,14 @@ def run_overhead_case(args) -> dict:
     cudnn_cache.reset_stats()
     rounds = {name: [] for name in rows}
     repeats = args.steps if args.quick else max(args.steps, OVERHEAD_ROUNDS)
-    for _ in range(repeats):
-        for name, row in rows.items():
-            rounds[name].append(time_round(*row))
+    names = list(rows)
+    for round_index in range(repeats):
+        # The order rotates by round, so no row always comes first: in a fixed order (2026-12-01, H200) the two
+        # native training rows, first and second in every round, differed by 17 us per iteration, more than
+        # any cache row differed from the first.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            rounds[name].append(time_round(*rows[name]))
 
     results = {}
     for name in rows:

@@ -348,7 +348,8 @@ def targets_table(targets: List[dict]) -> List[str]:
         if "stretch_limit" in t:
             verdict += f"; stretch {t['stretch_limit']:.2f}: {verdicts[t['stretch_met']]}"
         label = "host overhead" if t["workload"] == OVERHEAD else workload_label(t["workload"])
-        value = number(t["value"], spec, unit) if t.get("interval") is None else interval_cell(t["interval"], spec, unit)
+        # An interleaved ratio is resolved to 0.1%: print it so.
+        value = number(t["value"], spec, unit) if t.get("interval") is None else interval_cell(t["interval"], ".3f", unit)
         rows.append([label, t["target"], value, number(t["limit"], spec, unit), verdict])
     met = sum(t["met"] is True for t in targets)
     return ["", "## Targets", "", f"{met} of {len(targets)} met (cache_warm and cache_cold against the native "
