@@ -115,6 +115,8 @@ def interleaved_result(workload: str, native_mode: str, native_ms: float, warm: 
             "wall_ms": {mode: bench_stats.median_interval(values) for mode, values in steps.items()},
             "ratio_to_native": {mode: bench_stats.median_interval([a / b for a, b in zip(steps[mode], native)])
                                 for mode in ("cache_warm", "cache_intercept")},
+            "host_ratio_to_native": {mode: bench_stats.median_interval([1.0] * 30)
+                                     for mode in ("cache_warm", "cache_intercept")},
             "stats": stats(0, 100)}
 
 
@@ -178,9 +180,10 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
         assert "Traceback: more" not in text  # the first line of the error only
     interleaved = section(markdown, "Steady state, interleaved in one process")
     rows = table_rows(interleaved)
-    assert len(rows) == 2 + 4 and all(len(row) == 7 for row in rows)
+    assert len(rows) == 2 + 4 and all(len(row) == 9 for row in rows)
     assert ("| ResNet-50 fp32 bs32 | native_heuristic | 25.15 [24.90, 25.40] ms | 24.90 [24.65, 25.14] ms | "
-            "0.990 [0.990, 0.990] | 25.40 [25.15, 25.65] ms | 1.010 [1.010, 1.010] |") in interleaved
+            "0.990 [0.990, 0.990] | 1.000 [1.000, 1.000] | 25.40 [25.15, 25.65] ms | 1.010 [1.010, 1.010] | "
+            "1.000 [1.000, 1.000] |") in interleaved
     assert "| two-conv model of the seed (bs7, 32x32) | native_benchmark | FAILED: exit code 1" in interleaved
     assert "30 rounds" in interleaved
     overhead = section(markdown, "Host overhead per call")
@@ -259,7 +262,7 @@ def test_targets_met_missed_and_without_data(tmp_path):
             "0.5 us | 1.0 us | met |") in text
     met = sum(t["met"] is True for t in report["targets"])
     assert ("| ResNet-50 fp32 bs32 | cache_intercept steady ÷ better native steady ≤ 1.00, interleaved in one process "
-            "(the paired ratio per round; met while its 95% interval reaches 1.00) | 1.01 [1.01, 1.01] | 1.00 | missed |"
+            "(the paired ratio per round; met while its 95% interval reaches 1.00) | 1.010 [1.010, 1.010] | 1.00 | missed |"
             ) in text
     assert f"{met} of 37 met" in text
 
@@ -507,9 +510,14 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
         assert set(result["steps_ms"]) == set(bench_cases.INTERLEAVED_MODES)
         assert all(len(steps) == 20 for steps in result["steps_ms"].values())
         steps = result["steps_ms"]
+        host = result["host_steps_ms"]
         for mode in ("cache_warm", "cache_intercept"):
             paired = [a / b for a, b in zip(steps[mode], steps["native"])]
             assert result["ratio_to_native"][mode] == bench_stats.median_interval(paired)
+            paired = [a / b for a, b in zip(host[mode], host["native"])]
+            assert result["host_ratio_to_native"][mode] == bench_stats.median_interval(paired)
+        # the host part of a step ends before its synchronize
+        assert all(h <= w for mode in steps for h, w in zip(host[mode], steps[mode]))
         assert result["wall_ms"]["native"] == bench_stats.median_interval(steps["native"])
     interleaved_targets = [t for t in data["targets"] if t.get("interleaved")]
     assert [t["target"].split(" steady")[0] for t in interleaved_targets] == ["cache_warm", "cache_intercept"]
