@@ -22,6 +22,7 @@ TARGETS = {
     "cache_find_hit": ("cache find, hit (10k entries)", 100.0, "ns"),
     "graph_cache_find_hit": ("graph-API cache find, hit (10k entries)", 100.0, "ns"),
     "cache_find_miss": ("cache find, miss (10k entries)", 100.0, "ns"),
+    "plan_cache_get_hit": ("plan cache lookup, hit (1k entries)", 100.0, "ns"),
     "save_10k": ("save of 10k entries, replacing the file", None, "ms"),
     "save_10k_merging": ("save of 10k entries, merged with a file of the same 10k", None, "ms"),
     "load_10k": ("load of 10k entries", 20.0, "ms"),
