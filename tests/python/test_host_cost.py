@@ -1,0 +1,45 @@
+"""scripts/host_cost.py on the CPU: the convolutions it records from a bench workload, the rows it reports and
+their statistics. (Its figures mean something only on a GPU; the code is the same.)"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import host_cost  # noqa: E402
+
+
+def test_records_every_distinct_convolution_of_the_workload():
+    convolutions = host_cost.convolutions_of("seed", __import__("torch").device("cpu"))
+    # the seed model: Conv2d(3, 64, 3, padding='same'), then Conv2d(64, 32, 3)
+    assert [(tuple(c.x.shape), tuple(c.w.shape), c.padding, c.layers) for c in convolutions] == [
+        ((7, 3, 32, 32), (64, 3, 3, 3), [1, 1], 1), ((7, 64, 32, 32), (32, 64, 3, 3), [0, 0], 1)]
+    assert [tuple(c.g.shape) for c in convolutions] == [(7, 64, 32, 32), (7, 32, 30, 30)]  # like each output
+
+
+def test_reports_each_convolution_and_direction_with_paired_differences(tmp_path):
+    output = tmp_path / "host_cost.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_cost.py"), "--device", "cpu", "--workload",
+                           "seed", "--rounds", "6", "--calls", "1", "--json", str(output)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(output.read_text())
+    rows = report["rows"]
+    assert [(row["convolution"].split(" ")[0], row["direction"]) for row in rows] == [
+        (shape, direction) for shape in ("7x3x32x32", "7x64x32x32") for direction in host_cost.DIRECTIONS]
+    for row in rows:
+        for figure in (row["native_us"], row["op_minus_native_us"], row["intercept_minus_native_us"]):
+            assert set(figure) == {"median", "lo", "hi", "n"} and figure["n"] == 6
+            assert figure["lo"] <= figure["median"] <= figure["hi"]
+        assert row["native_us"]["lo"] > 0 and row["stored"] == {}  # no cache entries off a GPU
+    assert "| 7x3x32x32 * 64x3x3x3 float32 contiguous stride [1, 1] padding [1, 1] groups 1 | 1 | forward |" in done.stdout
+    assert "Per training step" in done.stdout
+
+
+def test_refuses_too_few_rounds():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_cost.py"), "--device", "cpu", "--rounds", "5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--rounds must be >= 6" in done.stderr
