@@ -26,6 +26,7 @@ TARGETS = {
     "save_10k": ("save of 10k entries, replacing the file", None, "ms"),
     "save_10k_merging": ("save of 10k entries, merged with a file of the same 10k", None, "ms"),
     "load_10k": ("load of 10k entries", 20.0, "ms"),
+    "load_100k": ("load of 100k entries", 150.0, "ms"),
 }
 
 

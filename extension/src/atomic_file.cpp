@@ -105,14 +105,20 @@ std::string read_file(const std::string& path) {
   struct stat info {};
   if (::fstat(fd, &info) != 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
   if (!S_ISREG(info.st_mode)) throw Error(detail::concat("cannot read '", path, "': not a regular file"));
-  std::string content;
-  char buffer[1 << 16];
+  // Read in place into a buffer of the file's size (growing it, should the file grow meanwhile): appending
+  // chunks would copy a 37 MB file of 100,000 entries over and over as the string doubles.
+  std::string content(static_cast<std::size_t>(info.st_size), '\0');
+  std::size_t filled = 0;
   for (;;) {
-    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (filled == content.size()) content.resize(std::max<std::size_t>(2 * filled, 1 << 16));
+    const ssize_t got = ::read(fd, content.data() + filled, content.size() - filled);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
-    if (got == 0) return content;
-    content.append(buffer, static_cast<std::size_t>(got));
+    if (got == 0) {
+      content.resize(filled);
+      return content;
+    }
+    filled += static_cast<std::size_t>(got);
   }
 }
 

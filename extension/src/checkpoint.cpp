@@ -253,12 +253,14 @@ Checkpoint snapshot(const CacheStore& store) {
   return checkpoint;
 }
 
-void merge_into(CacheStore& store, const Checkpoint& checkpoint) {
-  for (const CheckpointSection& section : checkpoint.sections) {
+void merge_into(CacheStore& store, Checkpoint checkpoint) {
+  for (CheckpointSection& section : checkpoint.sections) {
     DirectionCaches& caches = store.caches(section.origin);
     for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
-      for (const auto& [key, ranking] : section.entries<Traits>()) caches.get<Traits>().insert(key, ranking);
+      PerfCache<Traits>& cache = caches.get<Traits>();
+      cache.reserve(section.entries<Traits>().size());
+      for (auto& [key, ranking] : section.entries<Traits>()) cache.insert(key, std::move(ranking));
     });
     for (const auto& [key, plan] : section.plans) caches.plans.insert(key, *plan);
   }
@@ -546,7 +548,7 @@ SaveReport save(const CacheStore& store, const std::string& path, const SaveOpti
   }
   CacheStore merged;  // the file first, then the store: its stored plans, the newer ones, replace the file's
   merge_into(merged, existing);
-  merge_into(merged, snapshot(store));
+  merge_into(merged, snapshot(store));  // a temporary: moved, not copied
   const Checkpoint checkpoint = snapshot(merged);
   write_file_atomically(path, serialize(checkpoint));
   report.entries = checkpoint.size();
@@ -555,7 +557,7 @@ SaveReport save(const CacheStore& store, const std::string& path, const SaveOpti
 }
 
 LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& running) {
-  const Checkpoint checkpoint = read_checkpoint(path);
+  Checkpoint checkpoint = read_checkpoint(path);
   LoadReport report;
   report.header = checkpoint.header;
   for (const CheckpointSection& section : checkpoint.sections) {
@@ -563,7 +565,7 @@ LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& 
     report.plans += section.plans.size();
     if (!section.origin.same_cudnn(running)) report.other_cudnn_entries += section.size();
   }
-  merge_into(store, checkpoint);
+  merge_into(store, std::move(checkpoint));
   return report;
 }
 

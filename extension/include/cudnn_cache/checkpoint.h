@@ -80,7 +80,7 @@ std::uint64_t checksum(const char* data, std::size_t size);
 Checkpoint snapshot(const CacheStore& store);
 
 // Merges every entry into the store (Note [Selection, merge and fallback policy]).
-void merge_into(CacheStore& store, const Checkpoint& checkpoint);
+void merge_into(CacheStore& store, Checkpoint checkpoint);
 
 // The file's bytes for a checkpoint, in the format version its header names (kFormatVersion from snapshot).
 // Throws Error if that version cannot hold its content (graph-API entries need version 2, stored plans 3).

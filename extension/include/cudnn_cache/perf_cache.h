@@ -287,14 +287,20 @@ class PerfCache {
 
   // Stores the ranking under the key, merged with what the key already holds.
   // Throws Error if the key belongs to another direction or the ranking is empty.
-  void insert(const ConvolutionKey& key, const Ranking<Traits>& ranking) {
+  void insert(const ConvolutionKey& key, Ranking<Traits> ranking) {
     CUDNN_CACHE_REQUIRE(key.direction == static_cast<std::int32_t>(Traits::direction), "the ",
                         to_string(Traits::direction), " cache cannot hold a key of direction ",
                         to_string(static_cast<Direction>(key.direction)), " (", key, ")");
     CUDNN_CACHE_REQUIRE(!ranking.empty(), "cannot cache an empty ranking for ", key);
     std::unique_lock lock(mutex_);
     Shared& slot = rankings_[key];
-    slot = std::make_shared<const Ranking<Traits>>(slot ? merge(*slot, ranking) : ranking);
+    slot = std::make_shared<const Ranking<Traits>>(slot ? merge(*slot, ranking) : std::move(ranking));
+  }
+
+  // Makes room for `more` keys at once, so that a load does not rehash as it inserts.
+  void reserve(std::size_t more) {
+    std::unique_lock lock(mutex_);
+    rankings_.reserve(rankings_.size() + more);
   }
 
   // Removes the key; returns whether it was there.
