@@ -87,8 +87,9 @@ Walk walk(Chosen& backend, const Candidates& candidates, bool ranked, const Conv
   Walk walked;
   bool first = ranked;
   for (const auto& candidate : candidates) {
+    const bool leads = std::exchange(first, false);  // by place, whether or not the call may run it
     if (!eligible(candidate, deterministic)) continue;
-    std::string failure = backend.run(candidate, std::exchange(first, false), buffers, allocate);
+    std::string failure = backend.run(candidate, leads, buffers, allocate);
     if (failure.empty()) {
       walked.ran = true;
       return walked;
