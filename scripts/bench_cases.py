@@ -100,6 +100,14 @@ NATIVE_TRAIN_OVERHEADS = ("train_native_heuristic", "train_native_benchmark")
 # the scripted pair's difference, and the eager rows show what a Python caller pays on top.
 
 
+def in_turn(items: List[str], round_index: int) -> List[str]:
+    """`items` in the order of round `round_index`: rotated by one place per round, so that none always comes first
+    (in a fixed order, 2026-12-01 on an H200, the overhead case's two native training rows, first and second in
+    every round, differed by 17 us per iteration, more than any cache row differed from the first)."""
+    shift = round_index % len(items)
+    return items[shift:] + items[:shift]
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -403,13 +411,8 @@ def run_overhead_case(args) -> dict:
     cudnn_cache.reset_stats()
     rounds = {name: [] for name in rows}
     repeats = args.steps if args.quick else max(args.steps, OVERHEAD_ROUNDS)
-    names = list(rows)
     for round_index in range(repeats):
-        # The order rotates by round, so no row always comes first: in a fixed order (2026-12-01, H200) the two
-        # native training rows, first and second in every round, differed by 17 us per iteration, more than
-        # any cache row differed from the first.
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in in_turn(list(rows), round_index):
             rounds[name].append(time_round(*rows[name]))
 
     results = {}
@@ -501,10 +504,8 @@ def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:
     cudnn_cache.reset_stats()
     times: Dict[str, List[float]] = {mode: [] for mode in steps}
     host: Dict[str, List[float]] = {mode: [] for mode in steps}
-    order = list(steps)
     for round_index in range(args.steps):
-        shift = round_index % len(order)
-        for mode in order[shift:] + order[:shift]:
+        for mode in in_turn(list(steps), round_index):
             wall, queued = steps[mode]()
             times[mode].append(1e3 * wall)
             host[mode].append(1e3 * queued)

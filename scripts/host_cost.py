@@ -29,7 +29,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import WORKLOADS, model_and_input, synchronize  # noqa: E402
+from bench_cases import WORKLOADS, in_turn, model_and_input, synchronize  # noqa: E402
 from bench_stats import median_interval  # noqa: E402
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -203,14 +203,14 @@ def measure(convolutions: List[Convolution], device: torch.device, rounds: int, 
                 timed(way, direction, convolution)
     cudnn_cache.set_miss_policy("error")
 
-    cells = [(c, d) for c in convolutions for d in DIRECTIONS]
     times: Dict[Tuple[int, str, str], List[float]] = {(i, d, w): [] for i in range(len(convolutions))
                                                        for d in DIRECTIONS for w in WAYS}
     for round_index in range(rounds):
-        ways = WAYS[round_index % len(WAYS):] + WAYS[:round_index % len(WAYS)]
-        for convolution, direction in cells:
-            for way in ways:
-                times[(convolutions.index(convolution), direction, way)].append(timed(way, direction, convolution))
+        ways = in_turn(list(WAYS), round_index)
+        for index, convolution in enumerate(convolutions):
+            for direction in DIRECTIONS:
+                for way in ways:
+                    times[(index, direction, way)].append(timed(way, direction, convolution))
 
     rows = []
     for index, convolution in enumerate(convolutions):
