@@ -170,6 +170,40 @@ def test_bad_tensors_raise_an_error_naming_the_input_and_the_fix(call, match):
         call()
 
 
+# A bad bias, through the public ops and the cached ops that add one (Note [Gradients of the cached ops]): the
+# error names the op called, not one it runs, and the fix.
+BIAS_LENGTH = (r"bias must be 1-D with one value per output channel \({0}\), got sizes \[{1}\]; "
+               r"pass a bias of {0} values")
+BIAS_DTYPE = r"bias must match input's device and dtype \(cpu, Float\), got cpu, Double; move it with \.to\(input\)"
+BIAS_CASES = [
+    pytest.param(lambda: conv(bias=torch.randn(5)), "^convolution: " + BIAS_LENGTH.format(6, 5),
+                 id="convolution_bias_length"),
+    pytest.param(lambda: conv(bias=torch.randn(6, dtype=torch.float64)), "^convolution: " + BIAS_DTYPE,
+                 id="convolution_bias_dtype"),
+    pytest.param(lambda: conv(bias=torch.randn(6, 1)), "^convolution: " + BIAS_LENGTH.format(6, "6, 1"),
+                 id="convolution_bias_2d"),
+    pytest.param(lambda: ops.convolution_transpose(torch.randn(2, 6, 6, 6), W, torch.randn(6), [1], [0], [0], [1], 1),
+                 "^convolution_transpose: " + BIAS_LENGTH.format(4, 6), id="convolution_transpose_bias_length"),
+    pytest.param(lambda: ops._convolution_forward(X, W, [1], [0], [1], 1, torch.randn(5)),
+                 "^_convolution_forward: " + BIAS_LENGTH.format(6, 5), id="forward_bias_length"),
+    pytest.param(lambda: ops._convolution_forward(X, W, [1], [0], [1], 1, torch.randn(6, dtype=torch.float64)),
+                 "^_convolution_forward: " + BIAS_DTYPE, id="forward_bias_dtype"),
+    pytest.param(lambda: ops._convolution_forward(X, W, [1], [0], [1], 1, bias=torch.randn(6, 1)),
+                 "^_convolution_forward: " + BIAS_LENGTH.format(6, "6, 1"), id="forward_bias_2d"),
+    pytest.param(lambda: ops._convolution_forward(meta(2, 4, 8, 8), meta(6, 4, 3, 3), [1], [0], [1], 1, meta(5)),
+                 "^_convolution_forward: " + BIAS_LENGTH.format(6, 5), id="forward_meta_bias_length"),
+    pytest.param(lambda: ops._convolution_backward_input(torch.randn(2, 6, 6, 6), W, [2, 4, 8, 8], [1], [0], [1], 1,
+                                                         torch.randn(6)),
+                 "^_convolution_backward_input: " + BIAS_LENGTH.format(4, 6), id="backward_input_bias_length"),
+]
+
+
+@pytest.mark.parametrize("call, match", BIAS_CASES)
+def test_a_bad_bias_raises_an_error_naming_the_op_and_the_fix(call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_an_empty_batch_gives_the_native_result_forward_and_backward(layout):
     memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format

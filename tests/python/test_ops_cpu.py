@@ -252,15 +252,78 @@ def test_single_values_are_repeated_for_every_spatial_dimension(op, args, native
     torch.testing.assert_close(op(x, weight, None, *args), native(x, w))
 
 
-@pytest.mark.parametrize("op, args", [
-    pytest.param(ops.convolution, ([2, 1], [1, 0], [1, 2], 2), id="convolution"),
-    pytest.param(ops.convolution_transpose, ([2, 1], [1, 0], [1, 0], [1, 2], 2), id="convolution_transpose"),
-])
-def test_gradcheck(op, args):
-    x = randn(1, 4, 5, 6).requires_grad_()
-    w = randn(4, 2, 3, 2, seed=1).requires_grad_()
-    b = randn(4, seed=2).requires_grad_()
-    assert torch.autograd.gradcheck(lambda *t: op(*t, *args), (x, w, b))
+# --- Bias: added by the cached ops, one autograd node ----------------------------------------------------------
+# forward and backward_data add the bias themselves (Note [Gradients of the cached ops]): a biased convolution
+# records one node, as native's ConvolutionBackward0 does, with the bias's gradient and tangent its own.
+
+def biased_leaves():
+    """x (1, 4, 5, 6), w (4, 2, 3, 2) and bias (4): every case below takes them (groups=2)."""
+    return [randn(*sizes, seed=seed).requires_grad_() for seed, sizes in enumerate([(1, 4, 5, 6), (4, 2, 3, 2), (4,)])]
+
+
+def native_transpose(x, w, b):
+    return F.conv_transpose2d(x, w, b, (2, 1), (1, 0), (1, 0), 2, (1, 2))
+
+
+def native_convolution(x, w, b):
+    return F.conv2d(x, w, b, (2, 1), (1, 0), (1, 2), 2)
+
+
+BIASED = [  # the call, through cudnn_cache, and what native PyTorch computes for it
+    pytest.param(lambda x, w, b: ops.convolution(x, w, b, [2, 1], [1, 0], [1, 2], 2), native_convolution,
+                 id="convolution"),
+    pytest.param(lambda x, w, b: ops.convolution_transpose(x, w, b, [2, 1], [1, 0], [1, 0], [1, 2], 2),
+                 native_transpose, id="convolution_transpose"),
+    pytest.param(lambda x, w, b: ops._convolution_forward(x, w, [2, 1], [1, 0], [1, 2], 2, b), native_convolution,
+                 id="_convolution_forward"),
+    # The transposed convolution above, as the cached op it runs: (5, 6) -> (10, 8).
+    pytest.param(lambda x, w, b: ops._convolution_backward_input(x, w, [1, 4, 10, 8], [2, 1], [1, 0], [1, 2], 2, b),
+                 native_transpose, id="_convolution_backward_input"),
+]
+
+
+@pytest.mark.parametrize("call, native", BIASED)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_a_biased_convolution_records_one_autograd_node(call, native, with_bias):
+    x, w, b = biased_leaves()
+    bias = b if with_bias else None
+    output = call(x, w, bias)
+    torch.testing.assert_close(output, native(x, w, bias))
+    node = output.grad_fn
+    assert node.name() == "CachedConvolutionBackward"
+    edges = [function for function, _ in node.next_functions]
+    assert len(edges) == 3  # input, weight, bias: no add or view node of its own
+    assert [edge.variable for edge in edges[:2]] == [x, w]
+    if with_bias:
+        assert edges[2].name() == "torch::autograd::AccumulateGrad" and edges[2].variable is b
+    else:
+        assert edges[2] is None
+
+
+@pytest.mark.parametrize("call, native", BIASED)
+def test_gradients_of_every_order_with_bias(call, native):
+    leaves = biased_leaves()
+    assert torch.autograd.gradcheck(call, leaves, check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(call, leaves, check_fwd_over_rev=True)
+    x, w, b = leaves
+    tx, tw, tb = (randn(*leaf.shape, seed=10 + i) for i, leaf in enumerate(leaves))
+    for tangents in [(tx, tw, tb), (torch.zeros_like(x), torch.zeros_like(w), tb)]:  # all, the bias's alone
+        ours, theirs = (torch.func.jvp(f, (x, w, b), tangents) for f in (call, native))
+        torch.testing.assert_close(ours, theirs)
+    with torch.autograd.forward_ad.dual_level():  # only the bias has a tangent: the others have none at all
+        output = call(x, w, torch.autograd.forward_ad.make_dual(b, tb))
+        tangent = torch.autograd.forward_ad.unpack_dual(output).tangent
+    torch.testing.assert_close(tangent, tb.view(1, -1, 1, 1).expand_as(output))
+
+
+def test_the_cached_ops_take_the_bias_last_and_default_to_none():
+    x, w, b = (leaf.detach() for leaf in biased_leaves())
+    convolution = (x, w, [2, 1], [1, 0], [1, 2], 2)
+    transpose = (x, w, [1, 4, 10, 8], [2, 1], [1, 0], [1, 2], 2)
+    torch.testing.assert_close(ops._convolution_forward(*convolution), native_convolution(x, w, None))
+    torch.testing.assert_close(ops._convolution_forward(*convolution, bias=b), native_convolution(x, w, b))
+    torch.testing.assert_close(ops._convolution_backward_input(*transpose), native_transpose(x, w, None))
+    torch.testing.assert_close(ops._convolution_backward_input(*transpose, bias=b), native_transpose(x, w, b))
 
 
 # --- Modules, convert() and TorchScript ------------------------------------------------------------------------
@@ -393,6 +456,15 @@ def test_opcheck(op, input_size, weight_size, with_bias, args, dtype):
     out_channels = weight_size[1] * args[-1] if op == "convolution_transpose" else weight_size[0]
     b = randn(out_channels, dtype=dtype, seed=2).requires_grad_() if with_bias else None
     torch.library.opcheck(getattr(ops, op).default, (x, w, b, *args), test_utils=OPCHECK_UTILS)
+
+
+@pytest.mark.parametrize("op", ["_convolution_forward", "_convolution_backward_input"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_of_the_cached_ops_with_bias(op, dtype):
+    x, w, b = (leaf.detach().to(dtype).requires_grad_() for leaf in biased_leaves())
+    sizes = [[1, 4, 10, 8]] if op == "_convolution_backward_input" else []  # the transposed case of BIASED
+    args = (x, w, *sizes, [2, 1], [1, 0], [1, 2], 2, b)
+    torch.library.opcheck(getattr(ops, op).default, args, test_utils=OPCHECK_UTILS)
 
 
 @pytest.mark.parametrize("op, input_size, weight_size, args, expected_size", [

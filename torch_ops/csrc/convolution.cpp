@@ -13,11 +13,14 @@
 namespace cudnn_cache::torch_ops {
 
 at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, at::IntArrayRef size,
-                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                       const std::optional<at::Tensor>& bias) {
   switch (op) {
-    case Direction::forward: return call_forward(a, b, stride, padding, dilation, groups);
-    case Direction::backward_data: return call_backward_input(a, b, size, stride, padding, dilation, groups);
-    case Direction::backward_filter: return call_backward_weight(a, b, size, stride, padding, dilation, groups);
+    case Direction::forward: return call_forward(a, b, stride, padding, dilation, groups, bias);
+    case Direction::backward_data: return call_backward_input(a, b, size, stride, padding, dilation, groups, bias);
+    case Direction::backward_filter:
+      TORCH_CHECK(!bias || !bias->defined(), "cudnn_cache: _convolution_backward_weight takes no bias");
+      return call_backward_weight(a, b, size, stride, padding, dilation, groups);
   }
   TORCH_CHECK(false, "cudnn_cache: unknown direction ", static_cast<int>(op));
 }
@@ -50,6 +53,24 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
   return {grad_a, grad_b};
 }
 
+at::Tensor bias_gradient(const at::Tensor& grad) {
+  std::vector<std::int64_t> reduced{0};
+  for (std::int64_t d = 2; d < grad.dim(); ++d) reduced.push_back(d);
+  return grad.sum(reduced);
+}
+
+at::Tensor broadcast_bias(const at::Tensor& bias, std::int64_t dims) {
+  std::vector<std::int64_t> shape(dims, 1);
+  shape[1] = -1;
+  return bias.view(shape);
+}
+
+void add_bias(const char* op, at::Tensor& result, const std::optional<at::Tensor>& bias) {
+  if (!bias || !bias->defined()) return;
+  check_bias(op, result, result.size(1), bias);
+  result.add_(broadcast_bias(*bias, result.dim()));
+}
+
 at::Tensor cudnn_input(const at::Tensor& input) { return input.dim() == 3 ? input.contiguous() : input; }
 
 at::Tensor cached_convolution(const at::Tensor& given_input, const at::Tensor& weight,
@@ -58,19 +79,18 @@ at::Tensor cached_convolution(const at::Tensor& given_input, const at::Tensor& w
                               std::int64_t groups) {
   const char* op = transposed ? "convolution_transpose" : "convolution";
   const at::Tensor input = cudnn_input(given_input);
-  at::Tensor output;
+  // The cached op adds the bias (Note [Gradients of the cached ops]) and checks it too, but it is checked here
+  // first so that the error names the op the caller called.
   if (transposed) {  // the backward-data of the convolution from its output to its input
     check_tensors(op, input, weight);
     const ConvolutionParams params = check_params(op, input, weight, stride, padding, dilation, groups, true);
+    check_bias(op, input, weight.size(1) * groups, bias);
     const auto extra = per_spatial_dim(op, "output_padding", output_padding, params.stride.size());
-    output = call_backward_input(input, weight, transposed_output_size(input.sizes(), weight.sizes(), params, extra),
-                                 params.stride, params.padding, params.dilation, groups);
-  } else {
-    output = call_forward(input, weight, stride, padding, dilation, groups);
+    return call_backward_input(input, weight, transposed_output_size(input.sizes(), weight.sizes(), params, extra),
+                               params.stride, params.padding, params.dilation, groups, bias);
   }
-  check_bias(op, output, bias);
-  add_bias(output, bias);
-  return output;
+  check_bias(op, input, weight.size(0), bias);  // weight has input's rank here, so at least one dimension
+  return call_forward(input, weight, stride, padding, dilation, groups, bias);
 }
 
 namespace {

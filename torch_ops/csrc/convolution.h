@@ -17,22 +17,26 @@
 
 namespace cudnn_cache::torch_ops {
 
-// y = conv(input, weight), no bias.
+// y = conv(input, weight), bias (one value per output channel) added when given.
 at::Tensor call_forward(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups);
-// The gradient of conv(x, weight) with respect to x of sizes input_size, given grad_output.
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                        const std::optional<at::Tensor>& bias = std::nullopt);
+// The gradient of conv(x, weight) with respect to x of sizes input_size, given grad_output; bias (one value per
+// channel of x) added when given, which makes it a transposed convolution with bias.
 at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                               std::int64_t groups);
+                               std::int64_t groups, const std::optional<at::Tensor>& bias = std::nullopt);
 // The gradient of conv(input, w) with respect to w of sizes weight_size, given grad_output.
 at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                 std::int64_t groups);
 
 // The cached op of direction `op` on (a, b): forward(input, weight), backward_data(grad_output, weight, size)
-// or backward_filter(grad_output, input, size), where size is the result's.
+// or backward_filter(grad_output, input, size), where size is the result's; bias, added to the result, for the
+// first two only.
 at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, at::IntArrayRef size,
-                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups);
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                       const std::optional<at::Tensor>& bias = std::nullopt);
 
 // Note [Gradients of the cached ops]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -45,12 +49,28 @@ at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, a
 // <g, backward_filter(dy, x)> = <dy, forward(x, g)>). The ops' autograd (autograd/) and interception's
 // convolution_backward both compute gradients this way, through the dispatcher, where the ops have autograd
 // again: gradients of every order. A transposed convolution is backward_data, so it needs no row of its own.
+//
+// forward and backward_data also take a bias, one value per channel (dimension 1) of their result, added to it
+// in the kernel, so that a biased convolution is one op and one autograd node, as natively. The bias is a
+// summand: it does not enter the gradients of a and b (the rules above, which call the ops with no bias), and
+// its own gradient is g summed over every dimension but the channel one (bias_gradient), an ATen reduction
+// with autograd of its own, so it too has gradients of every order.
 
 // The gradients of the cached op `op` applied to (a, b), given the gradient of its result; those `needed`.
 std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tensor& a, const at::Tensor& b,
                                                    const at::Tensor& grad, at::IntArrayRef stride,
                                                    at::IntArrayRef padding, at::IntArrayRef dilation,
                                                    std::int64_t groups, std::array<bool, 2> needed);
+
+// The gradient of a bias added to a result of the cached ops (N, C, *spatial), given the result's gradient.
+at::Tensor bias_gradient(const at::Tensor& grad);
+
+// bias (C) viewed as (1, C, 1, ...) of `dims` dimensions: one value per channel of an (N, C, *spatial) tensor.
+at::Tensor broadcast_bias(const at::Tensor& bias, std::int64_t dims);
+
+// Adds bias, checked for `op`, to `result` (N, C, *spatial) in place: what the kernels of forward and
+// backward_data do to their result, below autograd.
+void add_bias(const char* op, at::Tensor& result, const std::optional<at::Tensor>& bias);
 
 // The convolution (transposed: the transposed convolution) of a batched input, bias added, through the cached
 // ops: what the public ops and interception run once the cache takes the call (Note [Which convolutions the
@@ -64,8 +84,5 @@ at::Tensor cached_convolution(const at::Tensor& input, const at::Tensor& weight,
 // input"), so a transposed (N, L, C) input runs contiguous. The cache does the same, so its layouts, and with
 // them its keys and outputs, are native's.
 at::Tensor cudnn_input(const at::Tensor& input);
-
-// Adds bias (C) to output (N, C, *spatial) in place.
-void add_bias(at::Tensor& output, const std::optional<at::Tensor>& bias);
 
 }  // namespace cudnn_cache::torch_ops

@@ -8,15 +8,16 @@
 TORCH_LIBRARY(cudnn_cache, m) {
   // Convolutions. Argument names follow ATen; backward ops have a leading underscore. The first two are what
   // models call (batched or unbatched input); the other three are the cached ops they are made of, one per
-  // cuDNN direction (convolution.h).
+  // cuDNN direction (convolution.h). The bias of the two that a convolution or transposed convolution runs as
+  // comes last, so that it is optional for positional callers (Note [Gradients of the cached ops]).
   m.def("convolution(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
         "int groups) -> Tensor");
   m.def("convolution_transpose(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
         "int[] output_padding, int[] dilation, int groups) -> Tensor");
   m.def("_convolution_forward(Tensor input, Tensor weight, int[] stride, int[] padding, int[] dilation, "
-        "int groups) -> Tensor");
+        "int groups, Tensor? bias=None) -> Tensor");
   m.def("_convolution_backward_input(Tensor grad_output, Tensor weight, int[] input_size, int[] stride, "
-        "int[] padding, int[] dilation, int groups) -> Tensor");
+        "int[] padding, int[] dilation, int groups, Tensor? bias=None) -> Tensor");
   m.def("_convolution_backward_weight(Tensor grad_output, Tensor input, int[] weight_size, int[] stride, "
         "int[] padding, int[] dilation, int groups) -> Tensor");
 
@@ -87,16 +88,17 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 }  // namespace
 
 at::Tensor call_forward(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                        const std::optional<at::Tensor>& bias) {
   static const auto handle = op<decltype(call_forward)>("cudnn_cache::_convolution_forward");
-  return handle.call(input, weight, stride, padding, dilation, groups);
+  return handle.call(input, weight, stride, padding, dilation, groups, bias);
 }
 
 at::Tensor call_backward_input(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                               std::int64_t groups) {
+                               std::int64_t groups, const std::optional<at::Tensor>& bias) {
   static const auto handle = op<decltype(call_backward_input)>("cudnn_cache::_convolution_backward_input");
-  return handle.call(grad_output, weight, input_size, stride, padding, dilation, groups);
+  return handle.call(grad_output, weight, input_size, stride, padding, dilation, groups, bias);
 }
 
 at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
@@ -104,13 +106,6 @@ at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor&
                                 std::int64_t groups) {
   static const auto handle = op<decltype(call_backward_weight)>("cudnn_cache::_convolution_backward_weight");
   return handle.call(grad_output, input, weight_size, stride, padding, dilation, groups);
-}
-
-void add_bias(at::Tensor& output, const std::optional<at::Tensor>& bias) {
-  if (!bias || !bias->defined()) return;
-  std::vector<std::int64_t> shape(output.dim(), 1);
-  shape[1] = -1;
-  output.add_(bias->reshape(shape));
 }
 
 }  // namespace cudnn_cache::torch_ops

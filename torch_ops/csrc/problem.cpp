@@ -56,13 +56,14 @@ void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& we
   cudnn_data_type(input.scalar_type(), "input");
 }
 
-void check_bias(const char* op, const at::Tensor& output, const std::optional<at::Tensor>& bias) {
+void check_bias(const char* op, const at::Tensor& input, std::int64_t channels,
+                const std::optional<at::Tensor>& bias) {
   if (!bias || !bias->defined()) return;
-  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == output.size(1), op, ": bias must be 1-D with one value per ",
-              "output channel (", output.size(1), "), got sizes ", bias->sizes());
-  TORCH_CHECK(bias->device() == output.device() && bias->scalar_type() == output.scalar_type(), op,
-              ": bias must match input's device and dtype (", output.device(), ", ", output.scalar_type(), "), got ",
-              bias->device(), ", ", bias->scalar_type());
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == channels, op, ": bias must be 1-D with one value per output ",
+              "channel (", channels, "), got sizes ", bias->sizes(), "; pass a bias of ", channels, " values");
+  TORCH_CHECK(bias->device() == input.device() && bias->scalar_type() == input.scalar_type(), op,
+              ": bias must match input's device and dtype (", input.device(), ", ", input.scalar_type(), "), got ",
+              bias->device(), ", ", bias->scalar_type(), "; move it with .to(input)");
 }
 
 ConvolutionParams check_params(const char* op, const at::Tensor& input, const at::Tensor& weight,

@@ -50,8 +50,9 @@ void check_sizes(const char* op, const char* name, at::IntArrayRef sizes, const 
 // Checks the tensors of a convolution: same device and dtype, a supported dtype, matching ranks.
 void check_tensors(const char* op, const at::Tensor& input, const at::Tensor& weight);
 
-// Checks a bias for `output` (N, C, *spatial): C values, on its device, of its dtype.
-void check_bias(const char* op, const at::Tensor& output, const std::optional<at::Tensor>& bias);
+// Checks a bias for the convolution of `input` with `channels` output channels: that many values, on input's
+// device, of its dtype.
+void check_bias(const char* op, const at::Tensor& input, std::int64_t channels, const std::optional<at::Tensor>& bias);
 
 // The output sizes of a convolution (transposed: of a transposed convolution, with its output padding), a
 // spatial size below 1 where there would be no output; unchecked. Size is std::int64_t, or c10::SymInt for

@@ -50,7 +50,8 @@ void check_grad_output(const char* op, const at::Tensor& x, const at::Tensor& w,
 }
 
 at::Tensor forward_cuda(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                        const std::optional<at::Tensor>& bias) {
   check_tensors("_convolution_forward", input, weight);
   check_cuda("_convolution_forward", input, weight);
   const ConvolutionParams params =
@@ -61,12 +62,13 @@ at::Tensor forward_cuda(const at::Tensor& input, const at::Tensor& weight, at::I
   const at::Tensor w = aligned(weight, format);
   at::Tensor y = empty_in(convolution_output_size(x.sizes(), w.sizes(), params), x.options(), format);
   if (x.numel() > 0) run<Direction::forward>(make_problem(x, w, y, params, format), x, w, y);
+  add_bias("_convolution_forward", y, bias);
   return y;
 }
 
 at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                               std::int64_t groups) {
+                               std::int64_t groups, const std::optional<at::Tensor>& bias) {
   check_cuda("_convolution_backward_input", grad_output, weight);
   check_sizes("_convolution_backward_input", "input_size", input_size, grad_output);
   const c10::cuda::CUDAGuard guard(grad_output.device());
@@ -77,8 +79,8 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& 
   const ConvolutionParams params =
       check_params("_convolution_backward_input", dx, w, stride, padding, dilation, groups);
   check_grad_output("_convolution_backward_input", dx, w, dy, params);
-  if (dx.numel() == 0) return dx;
-  run<Direction::backward_data>(make_problem(dx, w, dy, params, format), dx, w, dy);
+  if (dx.numel() > 0) run<Direction::backward_data>(make_problem(dx, w, dy, params, format), dx, w, dy);
+  add_bias("_convolution_backward_input", dx, bias);
   return dx;
 }
 

@@ -60,13 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   auto [grad_input, grad_weight] =
       cached_gradients(transposed ? Direction::backward_data : Direction::forward, cudnn_input(input), weight,
                        grad_output, stride, padding, dilation, groups, {output_mask[0], output_mask[1]});
-  at::Tensor grad_bias;
-  if (output_mask[2]) {
-    std::vector<std::int64_t> reduced{0};
-    for (std::int64_t d = 2; d < grad_output.dim(); ++d) reduced.push_back(d);
-    grad_bias = grad_output.sum(reduced);
-  }
-  return {grad_input, grad_weight, grad_bias};
+  return {grad_input, grad_weight, output_mask[2] ? bias_gradient(grad_output) : at::Tensor()};
 }
 
 std::mutex mutex;

@@ -9,18 +9,24 @@ namespace cudnn_cache::torch_ops {
 namespace {
 
 at::Tensor forward_meta(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
-                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups) {
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                        const std::optional<at::Tensor>& bias) {
   check_tensors("_convolution_forward", input, weight);
   const ConvolutionParams params =
       check_params("_convolution_forward", input, weight, stride, padding, dilation, groups);
-  return empty_in(convolution_output_size(input.sizes(), weight.sizes(), params), input.options(),
-                  convolution_memory_format(input, weight));
+  at::Tensor output = empty_in(convolution_output_size(input.sizes(), weight.sizes(), params), input.options(),
+                               convolution_memory_format(input, weight));
+  add_bias("_convolution_forward", output, bias);
+  return output;
 }
 
 at::Tensor backward_input_meta(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
-                               at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
+                               at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t,
+                               const std::optional<at::Tensor>& bias) {
   check_sizes("_convolution_backward_input", "input_size", input_size, grad_output);
-  return empty_in(input_size, grad_output.options(), convolution_memory_format(grad_output, weight));
+  at::Tensor grad_input = empty_in(input_size, grad_output.options(), convolution_memory_format(grad_output, weight));
+  add_bias("_convolution_backward_input", grad_input, bias);
+  return grad_input;
 }
 
 at::Tensor backward_weight_meta(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
