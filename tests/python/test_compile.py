@@ -30,12 +30,15 @@ def opcheck_cases(device):
                                                    [1, 1], 1)),
         (ops._convolution_backward_weight.default, (t(2, 8, 8, 8), t(2, 4, 8, 8), [8, 4, 3, 3], [1, 1], [1, 1],
                                                     [1, 1], 1)),
+        # Both gradients at once; with tensors that require grad, it is the two ops above under autograd.
+        (ops._convolution_backward.default, (t(2, 8, 8, 8, grad=True), t(2, 4, 8, 8, grad=True),
+                                             t(8, 4, 3, 3, grad=True), [1, 1], [1, 1], [1, 1], 1)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(5), ids=["conv2d", "conv1d_groups", "transpose", "backward_input",
-                                                "backward_weight"])
+@pytest.mark.parametrize("case", range(6), ids=["conv2d", "conv1d_groups", "transpose", "backward_input",
+                                                "backward_weight", "backward"])
 def test_opcheck_passes(device, case, cache_state):
     op, args = opcheck_cases(device)[case]
     results = torch.library.opcheck(op, args)

@@ -316,6 +316,34 @@ def test_gradients_of_every_order_with_bias(call, native):
     torch.testing.assert_close(tangent, tb.view(1, -1, 1, 1).expand_as(output))
 
 
+def backward_calls(x, w, create_graph=False):
+    """The cached ops a convolution's backward called, by name, with how often."""
+    from torch.profiler import profile, ProfilerActivity
+
+    output = ops.convolution(x, w, None, [1], [1], [1], 1)
+    wanted = [leaf for leaf in (x, w) if leaf.requires_grad]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        grads = torch.autograd.grad(output, wanted, torch.ones_like(output), create_graph=create_graph)
+    calls = {e.key.split("::")[1]: e.count for e in prof.key_averages() if e.key.startswith("cudnn_cache::")}
+    return calls, grads
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
+def test_a_convolutions_backward_is_one_call_for_both_gradients_as_natively():
+    x, w = randn(2, 4, 6, 6, seed=1).requires_grad_(), randn(5, 4, 3, 3, seed=2).requires_grad_()
+    calls, grads = backward_calls(x, w)
+    assert calls["_convolution_backward"] == 1  # below it, on the CPU, the two ops it is made of
+    expected = torch.autograd.grad(F.conv2d(x, w, padding=1), (x, w), torch.ones(2, 5, 6, 6))
+    torch.testing.assert_close(grads, expected)
+    # One gradient wanted: the one op of that direction.
+    calls, _ = backward_calls(x.detach(), w)
+    assert "_convolution_backward" not in calls and calls["_convolution_backward_weight"] == 1
+    # Gradients that need gradients (create_graph): the two ops, each recording its node.
+    calls, grads = backward_calls(x, w, create_graph=True)
+    assert calls["_convolution_backward"] == 1
+    assert [grad.grad_fn.name() for grad in grads] == ["CachedConvolutionBackward"] * 2
+
+
 def test_the_cached_ops_take_the_bias_last_and_default_to_none():
     x, w, b = (leaf.detach() for leaf in biased_leaves())
     convolution = (x, w, [2, 1], [1, 0], [1, 2], 2)

@@ -38,6 +38,10 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
   at::Tensor grad_a, grad_b;
   switch (op) {
     case Direction::forward:  // y = forward(x, w)
+      if (needed[0] && needed[1]) {  // one call (Note [Gradients of the cached ops])
+        std::tie(grad_a, grad_b) = call_backward(g, a, b, stride, padding, dilation, groups);
+        break;
+      }
       if (needed[0]) grad_a = call(Direction::backward_data, g, b, a.sizes());
       if (needed[1]) grad_b = call(Direction::backward_filter, g, a, b.sizes());
       break;
@@ -51,6 +55,14 @@ std::pair<at::Tensor, at::Tensor> cached_gradients(Direction op, const at::Tenso
       break;
   }
   return {grad_a, grad_b};
+}
+
+std::tuple<at::Tensor, at::Tensor> backward_by_directions(const at::Tensor& grad_output, const at::Tensor& input,
+                                                          const at::Tensor& weight, at::IntArrayRef stride,
+                                                          at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                          std::int64_t groups) {
+  return {call_backward_input(grad_output, weight, input.sizes(), stride, padding, dilation, groups),
+          call_backward_weight(grad_output, input, weight.sizes(), stride, padding, dilation, groups)};
 }
 
 at::Tensor bias_gradient(const at::Tensor& grad) {
@@ -177,6 +189,10 @@ at::Tensor convolution_transpose_autocast(const at::Tensor& input, const at::Ten
 }
 
 }  // namespace
+
+TORCH_LIBRARY_IMPL(cudnn_cache, CompositeExplicitAutograd, m) {
+  m.impl("_convolution_backward", &backward_by_directions);  // CUDA has a kernel of its own (cuda/)
+}
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("convolution", &convolution);

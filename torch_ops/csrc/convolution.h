@@ -4,13 +4,15 @@
 // or not), composites that decide whether the cache runs the call (Note [Which convolutions the cache runs])
 // and express it with the three cached ops, one per cuDNN direction, which have kernels per dispatch key
 // (cpu/, cuda/, meta/, autograd/): _convolution_forward, _convolution_backward_input and
-// _convolution_backward_weight. These are typed calls of the cached ops through the dispatcher, for code that
-// must not bypass it (autograd, composites).
+// _convolution_backward_weight; a convolution's backward runs the last two as one op, _convolution_backward.
+// These are typed calls of the cached ops through the dispatcher, for code that must not bypass it (autograd,
+// composites).
 
 #include <ATen/ATen.h>
 
 #include <array>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "cudnn_cache/key.h"
@@ -31,6 +33,20 @@ at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor&
                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                 std::int64_t groups);
 
+// Both gradients of forward(input, weight) given grad_output: backward_input and backward_weight in one call,
+// which shares their checks and key (Note [Gradients of the cached ops]).
+std::tuple<at::Tensor, at::Tensor> call_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                                 const at::Tensor& weight, at::IntArrayRef stride,
+                                                 at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                 std::int64_t groups);
+// The same as two calls, backward_input and backward_weight: what _convolution_backward is wherever it does not
+// run both directions in one kernel (its CPU and Meta kernels, and under autograd, where each call records its
+// own node so that its gradients have gradients again).
+std::tuple<at::Tensor, at::Tensor> backward_by_directions(const at::Tensor& grad_output, const at::Tensor& input,
+                                                          const at::Tensor& weight, at::IntArrayRef stride,
+                                                          at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                          std::int64_t groups);
+
 // The cached op of direction `op` on (a, b): forward(input, weight), backward_data(grad_output, weight, size)
 // or backward_filter(grad_output, input, size), where size is the result's; bias, added to the result, for the
 // first two only.
@@ -49,6 +65,12 @@ at::Tensor call_cached(Direction op, const at::Tensor& a, const at::Tensor& b, a
 // <g, backward_filter(dy, x)> = <dy, forward(x, g)>). The ops' autograd (autograd/) and interception's
 // convolution_backward both compute gradients this way, through the dispatcher, where the ops have autograd
 // again: gradients of every order. A transposed convolution is backward_data, so it needs no row of its own.
+//
+// The first row with both gradients wanted is what every convolution's backward asks for, and a fourth op,
+// _convolution_backward, computes it in one call, as aten::convolution_backward does natively: one dispatch,
+// one set of checks and one key for the two directions. It is the two ops in all but cost: where its result
+// needs gradients of its own (create_graph, forward-mode AD), its autograd kernel makes the two calls instead,
+// and their nodes give the gradients.
 //
 // forward and backward_data also take a bias, one value per channel (dimension 1) of their result, added to it
 // in the kernel, so that a biased convolution is one op and one autograd node, as natively. The bias is a

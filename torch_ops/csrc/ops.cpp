@@ -7,8 +7,8 @@
 
 TORCH_LIBRARY(cudnn_cache, m) {
   // Convolutions. Argument names follow ATen; backward ops have a leading underscore. The first two are what
-  // models call (batched or unbatched input); the other three are the cached ops they are made of, one per
-  // cuDNN direction (convolution.h). The bias of the two that a convolution or transposed convolution runs as
+  // models call (batched or unbatched input); the next three are the cached ops they are made of, one per
+  // cuDNN direction (convolution.h), and the last runs two of them at once. The bias of the two that a convolution or transposed convolution runs as
   // comes last, so that it is optional for positional callers (Note [Gradients of the cached ops]).
   m.def("convolution(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
         "int groups) -> Tensor");
@@ -20,6 +20,10 @@ TORCH_LIBRARY(cudnn_cache, m) {
         "int[] padding, int[] dilation, int groups, Tensor? bias=None) -> Tensor");
   m.def("_convolution_backward_weight(Tensor grad_output, Tensor input, int[] weight_size, int[] stride, "
         "int[] padding, int[] dilation, int groups) -> Tensor");
+  // Both gradients of _convolution_forward(input, weight) in one call, as aten::convolution_backward computes
+  // them: what a convolution's backward runs (Note [Gradients of the cached ops]).
+  m.def("_convolution_backward(Tensor grad_output, Tensor input, Tensor weight, int[] stride, int[] padding, "
+        "int[] dilation, int groups) -> (Tensor grad_input, Tensor grad_weight)");
 
   // The seed's reverse lookup: build the real cuDNN descriptor, decode it back with the cuDNN getters.
   m.def("describe_tensor(Tensor input) -> (str data_type, int[] dims, int[] strides)");
@@ -106,6 +110,14 @@ at::Tensor call_backward_weight(const at::Tensor& grad_output, const at::Tensor&
                                 std::int64_t groups) {
   static const auto handle = op<decltype(call_backward_weight)>("cudnn_cache::_convolution_backward_weight");
   return handle.call(grad_output, input, weight_size, stride, padding, dilation, groups);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                                 const at::Tensor& weight, at::IntArrayRef stride,
+                                                 at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                 std::int64_t groups) {
+  static const auto handle = op<decltype(call_backward)>("cudnn_cache::_convolution_backward");
+  return handle.call(grad_output, input, weight, stride, padding, dilation, groups);
 }
 
 }  // namespace cudnn_cache::torch_ops

@@ -1,7 +1,9 @@
-// Autograd of the three cached ops, in C++ on the Autograd key, so TorchScript models (from Python or LibTorch)
-// train without Python. One backward Node serves the three (Note [Gradients of the cached ops]), bias included,
-// so a biased convolution records one node, as natively; it calls the ops again, so gradients of every order
-// work. Forward-mode AD is the bilinear rule plus the bias's tangent, applied here.
+// Autograd of the cached ops, in C++ on the Autograd key, so TorchScript models (from Python or LibTorch)
+// train without Python. One backward Node serves the three one-direction ops (Note [Gradients of the cached
+// ops]), bias included, so a biased convolution records one node, as natively; it calls the ops again, so
+// gradients of every order work. Forward-mode AD is the bilinear rule plus the bias's tangent, applied here.
+// _convolution_backward, both gradients in one call, records no node: where its result needs gradients, it
+// is the two one-direction ops.
 //
 // The kernel is written as ATen's generated autograd kernels are (a Node of its own, saved variables, the
 // result's history set by hand), not as a torch::autograd::Function: torch.func's transforms (grad, vjp, vmap
@@ -111,9 +113,25 @@ at::Tensor backward_weight_autograd(const at::Tensor& grad_output, const at::Ten
                          dilation, groups);
 }
 
+// The Autograd kernel of _convolution_backward: the one-call kernels when its result needs no gradient (a
+// backward pass without create_graph), else the two cached ops, which record their own nodes.
+std::tuple<at::Tensor, at::Tensor> backward_autograd(const at::Tensor& grad_output, const at::Tensor& input,
+                                                     const at::Tensor& weight, at::IntArrayRef stride,
+                                                     at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                     std::int64_t groups) {
+  const auto has_tangent = [](const at::Tensor& tensor) { return tensor._fw_grad(kForwardLevel).defined(); };
+  if (torch::autograd::compute_requires_grad(grad_output, input, weight) || has_tangent(grad_output) ||
+      has_tangent(input) || has_tangent(weight)) {
+    return backward_by_directions(grad_output, input, weight, stride, padding, dilation, groups);
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return call_backward(grad_output, input, weight, stride, padding, dilation, groups);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, Autograd, m) {
+  m.impl("_convolution_backward", &backward_autograd);
   m.impl("_convolution_forward", &forward_autograd);
   m.impl("_convolution_backward_input", &backward_input_autograd);
   m.impl("_convolution_backward_weight", &backward_weight_autograd);

@@ -66,40 +66,84 @@ at::Tensor forward_cuda(const at::Tensor& input, const at::Tensor& weight, at::I
   return y;
 }
 
+// What the backward kernels share: grad_output in the convolution's memory format, checked against the
+// convolution of x by w, and the problem. x or w is the kernel's output where the op gets only its sizes.
+struct Backward {
+  at::Tensor dy;
+  Problem problem;
+};
+
+Backward backward_problem(const char* op, const at::Tensor& grad_output, const at::Tensor& x, const at::Tensor& w,
+                          at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                          std::int64_t groups, at::MemoryFormat format) {
+  const ConvolutionParams params = check_params(op, x, w, stride, padding, dilation, groups);
+  at::Tensor dy = aligned(grad_output, format);
+  check_grad_output(op, x, w, dy, params);
+  const Problem problem = make_problem(x, w, dy, params, format);
+  return {std::move(dy), problem};
+}
+
+// The two backward directions, each into its output where that is defined.
+void run_backward(const Backward& backward, const at::Tensor& x, const at::Tensor& w, const at::Tensor& dx,
+                  const at::Tensor& dw) {
+  if (dx.defined() && dx.numel() > 0) run<Direction::backward_data>(backward.problem, dx, w, backward.dy);
+  if (!dw.defined()) return;
+  if (x.numel() == 0) {
+    dw.zero_();  // an empty batch contributes no gradient
+  } else {
+    run<Direction::backward_filter>(backward.problem, x, dw, backward.dy);
+  }
+}
+
 at::Tensor backward_input_cuda(const at::Tensor& grad_output, const at::Tensor& weight, at::IntArrayRef input_size,
                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                std::int64_t groups, const std::optional<at::Tensor>& bias) {
-  check_cuda("_convolution_backward_input", grad_output, weight);
-  check_sizes("_convolution_backward_input", "input_size", input_size, grad_output);
+  const char* op = "_convolution_backward_input";
+  check_cuda(op, grad_output, weight);
+  check_sizes(op, "input_size", input_size, grad_output);
   const c10::cuda::CUDAGuard guard(grad_output.device());
   const at::MemoryFormat format = convolution_memory_format(grad_output, weight);
-  const at::Tensor dy = aligned(grad_output, format);
   const at::Tensor w = aligned(weight, format);
-  at::Tensor dx = empty_in(input_size, dy.options(), format);
-  const ConvolutionParams params =
-      check_params("_convolution_backward_input", dx, w, stride, padding, dilation, groups);
-  check_grad_output("_convolution_backward_input", dx, w, dy, params);
-  if (dx.numel() > 0) run<Direction::backward_data>(make_problem(dx, w, dy, params, format), dx, w, dy);
-  add_bias("_convolution_backward_input", dx, bias);
+  at::Tensor dx = empty_in(input_size, grad_output.options(), format);
+  run_backward(backward_problem(op, grad_output, dx, w, stride, padding, dilation, groups, format), dx, w, dx, {});
+  add_bias(op, dx, bias);
   return dx;
 }
 
 at::Tensor backward_weight_cuda(const at::Tensor& grad_output, const at::Tensor& input, at::IntArrayRef weight_size,
                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                 std::int64_t groups) {
-  check_cuda("_convolution_backward_weight", grad_output, input);
-  check_sizes("_convolution_backward_weight", "weight_size", weight_size, grad_output);
+  const char* op = "_convolution_backward_weight";
+  check_cuda(op, grad_output, input);
+  check_sizes(op, "weight_size", weight_size, grad_output);
   const c10::cuda::CUDAGuard guard(grad_output.device());
   const at::MemoryFormat format = convolution_memory_format(input, grad_output);
   const at::Tensor x = aligned(input, format);
-  const at::Tensor dy = aligned(grad_output, format);
-  at::Tensor dw = empty_in(weight_size, x.options(), format);
-  const ConvolutionParams params =
-      check_params("_convolution_backward_weight", x, dw, stride, padding, dilation, groups);
-  check_grad_output("_convolution_backward_weight", x, dw, dy, params);
-  if (x.numel() == 0) return dw.zero_();  // an empty batch contributes no gradient
-  run<Direction::backward_filter>(make_problem(x, dw, dy, params, format), x, dw, dy);
+  const at::Tensor dw = empty_in(weight_size, x.options(), format);
+  run_backward(backward_problem(op, grad_output, x, dw, stride, padding, dilation, groups, format), x, dw, {}, dw);
   return dw;
+}
+
+// Both directions with one set of checks and one problem, as aten::convolution_backward runs them.
+std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_output, const at::Tensor& input,
+                                                 const at::Tensor& weight, at::IntArrayRef stride,
+                                                 at::IntArrayRef padding, at::IntArrayRef dilation,
+                                                 std::int64_t groups) {
+  const char* op = "_convolution_backward";
+  check_tensors(op, input, weight);
+  check_cuda(op, input, weight);
+  check_cuda(op, grad_output, input);
+  TORCH_CHECK(grad_output.scalar_type() == input.scalar_type(), op, ": grad_output is ", grad_output.scalar_type(),
+              " but input is ", input.scalar_type(), "; pass the gradient of the convolution's output");
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::MemoryFormat format = convolution_memory_format(input, weight);
+  const at::Tensor x = aligned(input, format);
+  const at::Tensor w = aligned(weight, format);
+  const Backward backward = backward_problem(op, grad_output, x, w, stride, padding, dilation, groups, format);
+  at::Tensor dx = empty_in(x.sizes(), x.options(), format);
+  at::Tensor dw = empty_in(w.sizes(), w.options(), format);
+  run_backward(backward, x, w, dx, dw);
+  return {std::move(dx), std::move(dw)};
 }
 
 // Tunes the three directions of one convolution now, with the runtime's backend, on tensors shaped like the
@@ -184,6 +228,7 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CUDA, m) {
   m.impl("_convolution_forward", &forward_cuda);
   m.impl("_convolution_backward_input", &backward_input_cuda);
   m.impl("_convolution_backward_weight", &backward_weight_cuda);
+  m.impl("_convolution_backward", &backward_cuda);
   m.impl("fill", &fill_cuda);
 }
 
