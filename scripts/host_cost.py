@@ -32,7 +32,10 @@ sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the sou
 from bench_cases import WORKLOADS, in_turn, model_and_input, synchronize  # noqa: E402
 from bench_stats import median_interval  # noqa: E402
 
-DIRECTIONS = ("forward", "backward_data", "backward_filter")
+# The three cuDNN directions one at a time, and "backward": both gradients in one call, as a training step's
+# backward asks for them (aten::convolution_backward with both in its mask; the cache's _convolution_backward).
+DIRECTIONS = ("forward", "backward_data", "backward_filter", "backward")
+STEP = ("forward", "backward")  # what one training step calls per layer
 WAYS = ("native", "op", "intercept")  # how a call is made; see Call
 
 
@@ -69,6 +72,17 @@ def native_backward_filter(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, st
     return out
 
 
+def native_backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: List[int], padding: List[int],
+                    dilation: List[int], groups: int, calls: int) -> List[torch.Tensor]:
+    out: List[torch.Tensor] = []
+    zeros = [0] * len(stride)
+    for _ in range(calls):
+        grads = torch.ops.aten.convolution_backward(g, x, w, None, stride, padding, dilation, False, zeros, groups,
+                                                    [True, True, False])
+        out += [grads[0], grads[1]]
+    return out
+
+
 def op_forward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: List[int], padding: List[int],
                dilation: List[int], groups: int, calls: int) -> List[torch.Tensor]:
     out: List[torch.Tensor] = []
@@ -95,10 +109,20 @@ def op_backward_filter(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride
     return out
 
 
+def op_backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: List[int], padding: List[int],
+                dilation: List[int], groups: int, calls: int) -> List[torch.Tensor]:
+    out: List[torch.Tensor] = []
+    for _ in range(calls):
+        grads = torch.ops.cudnn_cache._convolution_backward(g, x, w, stride, padding, dilation, groups)
+        out += [grads[0], grads[1]]
+    return out
+
+
 LOOPS = {  # (way, direction) -> the scripted loop; intercept runs native's loops with interception on
     ("native", "forward"): native_forward, ("native", "backward_data"): native_backward_data,
     ("native", "backward_filter"): native_backward_filter, ("op", "forward"): op_forward,
     ("op", "backward_data"): op_backward_data, ("op", "backward_filter"): op_backward_filter,
+    ("native", "backward"): native_backward, ("op", "backward"): op_backward,
 }
 
 
@@ -161,7 +185,7 @@ def stored_config(convolution: Convolution, direction: str) -> dict:
     where there are no entries)."""
     import cudnn_cache
 
-    if not convolution.x.is_cuda:
+    if not convolution.x.is_cuda or direction not in ("forward", "backward_data", "backward_filter"):
         return {}
 
     key = cudnn_cache.conv_key(direction, convolution.x, convolution.w, convolution.stride, convolution.padding,
@@ -238,10 +262,10 @@ def table(rows: List[dict]) -> str:
                      f"{native['median']:.1f} [{native['lo']:.1f}, {native['hi']:.1f}] us | "
                      f"{cell(row['op_minus_native_us'])} us | {cell(row['intercept_minus_native_us'])} us | "
                      f"{stored} |")
-    per_step = {way: sum(row["layers"] * row[f"{way}_minus_native_us"]["median"] for row in rows)
-                for way in ("op", "intercept")}
-    lines += ["", f"Per training step (every layer, three directions, medians summed): op {per_step['op']:+.1f} us, "
-                  f"intercept {per_step['intercept']:+.1f} us against native."]
+    per_step = {way: sum(row["layers"] * row[f"{way}_minus_native_us"]["median"] for row in rows
+                         if row["direction"] in STEP) for way in ("op", "intercept")}
+    lines += ["", f"Per training step (every layer's forward and backward, medians summed): op "
+                  f"{per_step['op']:+.1f} us, intercept {per_step['intercept']:+.1f} us against native."]
     return "\n".join(lines)
 
 

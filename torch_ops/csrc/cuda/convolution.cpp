@@ -2,6 +2,7 @@
 // (Note [Running a cached convolution]); this file hands it tensors' memory, a cuDNN handle on the current
 // stream, and workspace from PyTorch's caching allocator.
 
+#include <ATen/record_function.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -29,9 +30,11 @@ at::Tensor aligned(const at::Tensor& tensor, at::MemoryFormat format) {
 }
 
 // Direction D of the problem on the operands: x, w and y are the input, weight and output of the forward
-// convolution, whichever the direction writes.
+// convolution, whichever the direction writes. torch.profiler shows it as cudnn_cache::convolve (the cache's
+// lookup and cuDNN's call), apart from the op's own work around it (checks, the key, output and layout).
 template <Direction D>
 void run(const Problem& problem, const at::Tensor& x, const at::Tensor& w, const at::Tensor& y) {
+  RECORD_FUNCTION("cudnn_cache::convolve", c10::ArrayRef<const c10::IValue>{});
   const ConvolutionBuffers buffers{x.data_ptr(), w.data_ptr(), y.data_ptr()};
   const int device = x.get_device();
   rethrow([&] {
