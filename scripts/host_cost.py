@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Host time per cuDNN call, per convolution of a bench workload and per direction: natively and through the
-cache (the op a converted model calls, and PyTorch's own call under intercept).
+"""Host time per cuDNN call, per convolution of a bench workload and per direction: natively (with cuDNN's
+heuristics, and with benchmark mode's timed picks) and through the cache (the op a converted model calls, and
+PyTorch's own call under intercept).
 
 When a host-bound step is slower through cudnn_cache than natively (scripts/bench.py's interleaved cases say
 how much), this tells which convolution and which direction pays: it records every convolution of the workload's
 model (shapes, strides, dtype, layout, parameters), tunes each into the cache, then times each direction's call
-in a TorchScript loop (no Python argument parsing on either side), the three ways in turn, over interleaved
-rounds. Per key and direction it prints native's host time per call and the cache's difference, each a median
+in a TorchScript loop (no Python argument parsing on either side), the four ways in turn, over interleaved
+rounds. Per key and direction it prints native's host time per call and each other way's difference, each a median
 with its 95% interval (the differences paired per round), with the config the cache stored; at the end, their
 sum over one training step of the model.
 
@@ -36,7 +37,10 @@ from bench_stats import median_interval  # noqa: E402
 # backward asks for them (aten::convolution_backward with both in its mask; the cache's _convolution_backward).
 DIRECTIONS = ("forward", "backward_data", "backward_filter", "backward")
 STEP = ("forward", "backward")  # what one training step calls per layer
-WAYS = ("native", "op", "intercept")  # how a call is made; see Call
+# How a call is made: natively with cuDNN's heuristics (benchmark=False), natively with benchmark mode's
+# timed picks (benchmark=True), through the cache's op, and PyTorch's own call under intercept.
+WAYS = ("native", "native_benchmark", "op", "intercept")
+CACHE_WAYS = ("native_benchmark", "op", "intercept")  # each reported against "native"
 
 
 # One call of each direction, natively (ATen's convolution ops, as nn.Conv*d and its backward make them) and
@@ -205,8 +209,9 @@ def measure(convolutions: List[Convolution], device: torch.device, rounds: int, 
 
     def timed(way: str, direction: str, convolution: Convolution) -> float:
         """Host microseconds per call of `calls` calls (the loop's time before the final synchronize)."""
-        loop = loops[("native" if way == "intercept" else way, direction)]
+        loop = loops[("op" if way == "op" else "native", direction)]
         cudnn_cache.intercept(way == "intercept")
+        torch.backends.cudnn.benchmark = way == "native_benchmark"
         try:
             synchronize(device)
             started = time.perf_counter()
@@ -215,6 +220,7 @@ def measure(convolutions: List[Convolution], device: torch.device, rounds: int, 
             synchronize(device)
         finally:
             cudnn_cache.intercept(False)
+            torch.backends.cudnn.benchmark = False
         return 1e6 * (queued - started) / calls
 
     cudnn_cache.set_miss_policy("tune")
@@ -242,7 +248,7 @@ def measure(convolutions: List[Convolution], device: torch.device, rounds: int, 
             native = times[(index, direction, "native")]
             row = {"convolution": convolution.label(), "layers": convolution.layers, "direction": direction,
                    "native_us": median_interval(native), "stored": stored_config(convolution, direction)}
-            for way in ("op", "intercept"):
+            for way in CACHE_WAYS:
                 row[f"{way}_minus_native_us"] = median_interval(
                     [a - b for a, b in zip(times[(index, direction, way)], native)])
             rows.append(row)
@@ -253,19 +259,20 @@ def table(rows: List[dict]) -> str:
     def cell(figure: dict) -> str:
         return f"{figure['median']:+.1f} [{figure['lo']:+.1f}, {figure['hi']:+.1f}]"
 
-    lines = ["| convolution | layers | direction | native host per call | op − native | intercept − native | "
-             "stored |", "|---|---|---|---|---|---|---|"]
+    lines = ["| convolution | layers | direction | native host per call | native benchmark − native | op − native | "
+             "intercept − native | stored |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         native = row["native_us"]
         stored = ", ".join(f"{k} {v}" for k, v in row["stored"].items()) or "-"
+        differences = " | ".join(f"{cell(row[f'{way}_minus_native_us'])} us" for way in CACHE_WAYS)
         lines.append(f"| {row['convolution']} | {row['layers']} | {row['direction']} | "
-                     f"{native['median']:.1f} [{native['lo']:.1f}, {native['hi']:.1f}] us | "
-                     f"{cell(row['op_minus_native_us'])} us | {cell(row['intercept_minus_native_us'])} us | "
+                     f"{native['median']:.1f} [{native['lo']:.1f}, {native['hi']:.1f}] us | {differences} | "
                      f"{stored} |")
     per_step = {way: sum(row["layers"] * row[f"{way}_minus_native_us"]["median"] for row in rows
-                         if row["direction"] in STEP) for way in ("op", "intercept")}
-    lines += ["", f"Per training step (every layer's forward and backward, medians summed): op "
-                  f"{per_step['op']:+.1f} us, intercept {per_step['intercept']:+.1f} us against native."]
+                         if row["direction"] in STEP) for way in CACHE_WAYS}
+    lines += ["", "Per training step (every layer's forward and backward, medians summed), against native "
+                  "heuristics (benchmark=False): " + ", ".join(f"{way} {per_step[way]:+.1f} us" for way in CACHE_WAYS)
+              + "."]
     return "\n".join(lines)
 
 
