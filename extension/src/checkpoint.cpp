@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <type_traits>
@@ -50,12 +51,21 @@
 namespace cudnn_cache {
 namespace {
 
-// Reads bytes in place, so parsing a file does not copy it again.
+// Reads bytes in place, so parsing a file does not copy it again. cereal reads every value through
+// xsgetn, so it is one bounded memcpy here rather than std::streambuf's general loop.
 class MemoryStream : private std::streambuf, public std::istream {
  public:
   MemoryStream(const char* data, std::size_t size) : std::istream(static_cast<std::streambuf*>(this)) {
     char* begin = const_cast<char*>(data);  // get area only: never written through
     setg(begin, begin, begin + size);
+  }
+
+ private:
+  std::streamsize xsgetn(char* destination, std::streamsize count) override {
+    const std::streamsize available = std::min<std::streamsize>(count, egptr() - gptr());
+    std::memcpy(destination, gptr(), static_cast<std::size_t>(available));
+    setg(eback(), gptr() + available, egptr());
+    return available;
   }
 };
 
@@ -119,11 +129,16 @@ void append_plan(CheckpointSection& section, const ConvolutionKey& key, StoredPl
   section.plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
 }
 
-// Counts are not trusted: entries are appended as they parse, so a wrong count ends at the end of the bytes.
+// The fewest bytes an entry takes in a file: its key, a ranking's count and one candidate of the smallest kind.
+constexpr std::size_t kMinEntryBytes = sizeof(ConvolutionKey) + 8 + 28;
+
+// Counts are not trusted: entries are appended as they parse, so a wrong count ends at the end of the bytes,
+// and room is made for no more entries than the `bytes_left` could hold.
 template <typename Traits>
-void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section) {
+void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section, std::size_t bytes_left) {
   cereal::size_type count = 0;
   archive(cereal::make_size_tag(count));
+  section.entries<Traits>().reserve(std::min<std::size_t>(count, bytes_left / kMinEntryBytes));
   for (cereal::size_type i = 0; i < count; ++i) {
     typename PerfCache<Traits>::Entry entry;
     archive(entry.first, entry.second);
@@ -211,10 +226,11 @@ std::vector<CheckpointSection> deserialize_payload(const char* payload, std::siz
     if (!sections.empty() && !(sections.back().origin < section.origin)) {
       detail::throw_invalid("section ", i, " is out of order or repeated");
     }
-    for_each_direction([&](auto traits) { read_entries<decltype(traits)>(archive, section); });
-    if (holds_graph_entries(format_version)) {
-      for_each_graph_direction([&](auto traits) { read_entries<decltype(traits)>(archive, section); });
-    }
+    const auto read = [&](auto traits) {
+      read_entries<decltype(traits)>(archive, section, static_cast<std::size_t>(bytes.rdbuf()->in_avail()));
+    };
+    for_each_direction(read);
+    if (holds_graph_entries(format_version)) for_each_graph_direction(read);
     if (holds_plans(format_version)) read_plans(archive, section);
     sections.push_back(std::move(section));
   }

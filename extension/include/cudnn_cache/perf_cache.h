@@ -228,6 +228,7 @@ class Ranking {
     std::vector<value_type> all(first, last);
     std::sort(all.begin(), all.end(), ranks_before<Traits>);
     Ranking ranking;
+    ranking.candidates_.reserve(std::min(all.size(), capacity));
     for (const value_type& candidate : all) {
       if (ranking.size() == capacity) break;
       const bool seen = std::any_of(ranking.begin(), ranking.end(),
@@ -237,6 +238,21 @@ class Ranking {
     return ranking;
   }
   static Ranking of(std::initializer_list<value_type> candidates) { return of(candidates.begin(), candidates.end()); }
+
+  // The candidates as they are, if they are what of() would make of them (at most `capacity`, in rank order,
+  // no choice twice), else nullopt: how a file's ranking is read, without ranking it again.
+  static std::optional<Ranking> of_ranked(std::vector<value_type> candidates) {
+    if (candidates.size() > capacity) return std::nullopt;
+    for (std::size_t i = 1; i < candidates.size(); ++i) {
+      if (!ranks_before<Traits>(candidates[i - 1], candidates[i])) return std::nullopt;
+      for (std::size_t j = 0; j < i; ++j) {
+        if (candidates[j].same_choice(candidates[i])) return std::nullopt;
+      }
+    }
+    Ranking ranking;
+    ranking.candidates_ = std::move(candidates);
+    return ranking;
+  }
 
   // The ranking of what a cudnnFind*AlgorithmEx call returned.
   template <typename Perf>  // Traits::Perf; a template so the graph API's traits need none

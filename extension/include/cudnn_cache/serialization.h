@@ -255,10 +255,9 @@ void load(Archive& archive, Ranking<Traits>& ranking, std::uint32_t const /*vers
       detail::throw_invalid("ranking of ", candidates.size(), " candidates");
     }
   }
-  ranking = Ranking<Traits>::of(candidates.begin(), candidates.end());
-  if (ranking.size() != candidates.size() || !std::equal(ranking.begin(), ranking.end(), candidates.begin())) {
-    detail::throw_invalid("ranking is not in rank order or repeats a candidate");
-  }
+  std::optional<Ranking<Traits>> ranked = Ranking<Traits>::of_ranked(std::move(candidates));
+  if (!ranked) detail::throw_invalid("ranking is not in rank order or repeats a candidate");
+  ranking = std::move(*ranked);
 }
 
 // The plan's bytes follow their count; in JSON they are base64 text.
