@@ -94,31 +94,48 @@ void sync_folder(const std::string& folder) {
 
 }  // namespace
 
-std::string read_file(const std::string& path) {
+ReadableFile::ReadableFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; it is refused below as not a regular file.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
   struct stat info {};
-  if (::fstat(fd, &info) != 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
-  if (!S_ISREG(info.st_mode)) throw Error(detail::concat("cannot read '", path, "': not a regular file"));
+  const bool stated = ::fstat(fd_, &info) == 0;
+  const int error = errno;
+  if (!stated || !S_ISREG(info.st_mode)) {
+    ::close(fd_);
+    throw Error(detail::concat("cannot read '", path, "': ", stated ? "not a regular file" : std::strerror(error)));
+  }
+  size_ = static_cast<std::size_t>(info.st_size);
+}
+
+ReadableFile::~ReadableFile() { ::close(fd_); }
+
+std::size_t ReadableFile::read_at(std::size_t offset, char* data, std::size_t count) const {
+  std::size_t done = 0;
+  while (done < count) {
+    const ssize_t got = ::pread(fd_, data + done, count - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(detail::concat("cannot read '", path_, "': ", std::strerror(errno)));
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+std::string read_file(const std::string& path) {
+  const ReadableFile file(path);
   // Read in place into a buffer of the file's size (growing it, should the file grow meanwhile): appending
-  // chunks would copy a 37 MB file of 100,000 entries over and over as the string doubles.
-  std::string content(static_cast<std::size_t>(info.st_size), '\0');
+  // chunks would copy a large file over and over as the string doubles.
+  std::string content(file.size(), '\0');
   std::size_t filled = 0;
   for (;;) {
     if (filled == content.size()) content.resize(std::max<std::size_t>(2 * filled, 1 << 16));
-    const ssize_t got = ::read(fd, content.data() + filled, content.size() - filled);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw Error(detail::concat("cannot read '", path, "': ", std::strerror(errno)));
-    if (got == 0) {
+    const std::size_t got = file.read_at(filled, content.data() + filled, content.size() - filled);
+    filled += got;
+    if (filled < content.size()) {
       content.resize(filled);
       return content;
     }
-    filled += static_cast<std::size_t>(got);
   }
 }
 

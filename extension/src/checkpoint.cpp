@@ -69,28 +69,89 @@ class MemoryStream : private std::streambuf, public std::istream {
   }
 };
 
+// Reads bytes [begin, end) of a file through a buffer of its own, so parsing a large file neither holds it whole
+// nor touches fresh memory for all of it. Stops early where the file does (a file cut while it is read): the
+// parse then fails on the missing bytes.
+class FileStream : private std::streambuf, public std::istream {
+ public:
+  static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;
+
+  FileStream(const ReadableFile& file, std::size_t begin, std::size_t end)
+      : std::istream(static_cast<std::streambuf*>(this)), file_(file), next_(begin), end_(end),
+        buffer_(kBufferBytes) {}
+
+ private:
+  using Traits = std::streambuf::traits_type;
+
+  std::streambuf::int_type underflow() override {
+    if (gptr() < egptr()) return Traits::to_int_type(*gptr());
+    const std::size_t wanted = std::min(buffer_.size(), end_ - next_);
+    const std::size_t got = wanted == 0 ? 0 : file_.read_at(next_, buffer_.data(), wanted);
+    next_ += got;
+    if (got < wanted) end_ = next_;  // the file ended early
+    setg(buffer_.data(), buffer_.data(), buffer_.data() + got);
+    return got == 0 ? Traits::eof() : Traits::to_int_type(*gptr());
+  }
+
+  std::streamsize xsgetn(char* destination, std::streamsize count) override {
+    std::streamsize copied = 0;
+    while (copied < count) {
+      if (gptr() == egptr() && underflow() == Traits::eof()) break;
+      const std::streamsize now = std::min<std::streamsize>(count - copied, egptr() - gptr());
+      std::memcpy(destination + copied, gptr(), static_cast<std::size_t>(now));
+      setg(eback(), gptr() + now, egptr());
+      copied += now;
+    }
+    return copied;
+  }
+
+  const ReadableFile& file_;
+  std::size_t next_, end_;  // the file's next unread byte, and the end of the range
+  std::vector<char> buffer_;
+};
+
 constexpr std::size_t kHeaderBytes = 1 + kMagic.size() + 4 + 4 + 4 + 8;
 constexpr std::size_t kChecksumBytes = 8;
 
 }  // namespace
 
-std::uint64_t checksum(const char* data, std::size_t size) {
-  std::uint64_t state = 0xcbf29ce484222325ull ^ size;
-  auto step = [&](std::uint64_t word) {
-    state = (state ^ word) * 0x9e3779b97f4a7c15ull;
-    state ^= state >> 29;
-  };
-  std::size_t offset = 0;
-  for (; offset + 8 <= size; offset += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, data + offset, 8);
-    step(word);
+namespace {
+
+// Note [Checksum], taken in pieces: every piece but the last a whole number of words.
+class Checksum {
+ public:
+  explicit Checksum(std::size_t size) : state_(0xcbf29ce484222325ull ^ size) {}
+
+  void add_words(const char* data, std::size_t size) {
+    for (std::size_t offset = 0; offset + 8 <= size; offset += 8) {
+      std::uint64_t word;
+      std::memcpy(&word, data + offset, 8);
+      step(word);
+    }
   }
-  std::uint64_t tail = 0;
-  std::memcpy(&tail, data + offset, size - offset);
-  step(tail);
-  return state;
-}
+
+  // The checksum, with the last piece.
+  std::uint64_t finish(const char* data, std::size_t size) {
+    const std::size_t words = size / 8 * 8;
+    add_words(data, words);
+    std::uint64_t tail = 0;
+    std::memcpy(&tail, data + words, size - words);
+    step(tail);
+    return state_;
+  }
+
+ private:
+  void step(std::uint64_t word) {
+    state_ = (state_ ^ word) * 0x9e3779b97f4a7c15ull;
+    state_ ^= state_ >> 29;
+  }
+
+  std::uint64_t state_;
+};
+
+}  // namespace
+
+std::uint64_t checksum(const char* data, std::size_t size) { return Checksum(size).finish(data, size); }
 
 namespace {
 
@@ -133,12 +194,13 @@ void append_plan(CheckpointSection& section, const ConvolutionKey& key, StoredPl
 constexpr std::size_t kMinEntryBytes = sizeof(ConvolutionKey) + 8 + 28;
 
 // Counts are not trusted: entries are appended as they parse, so a wrong count ends at the end of the bytes,
-// and room is made for no more entries than the `bytes_left` could hold.
+// and room is made for no more entries than a payload of `payload_bytes` could hold.
 template <typename Traits>
-void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section, std::size_t bytes_left) {
+void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section,
+                  std::size_t payload_bytes) {
   cereal::size_type count = 0;
   archive(cereal::make_size_tag(count));
-  section.entries<Traits>().reserve(std::min<std::size_t>(count, bytes_left / kMinEntryBytes));
+  section.entries<Traits>().reserve(std::min<std::size_t>(count, payload_bytes / kMinEntryBytes));
   for (cereal::size_type i = 0; i < count; ++i) {
     typename PerfCache<Traits>::Entry entry;
     archive(entry.first, entry.second);
@@ -213,9 +275,9 @@ std::string serialize_payload(const Checkpoint& checkpoint) {
   return std::move(bytes).str();
 }
 
-std::vector<CheckpointSection> deserialize_payload(const char* payload, std::size_t size,
+// The sections of a payload of `size` bytes; `bytes` ends where the payload does.
+std::vector<CheckpointSection> deserialize_payload(std::istream& bytes, std::size_t size,
                                                    std::uint32_t format_version) {
-  MemoryStream bytes(payload, size);
   cereal::PortableBinaryInputArchive archive(bytes);
   cereal::size_type count = 0;
   archive(cereal::make_size_tag(count));
@@ -227,7 +289,7 @@ std::vector<CheckpointSection> deserialize_payload(const char* payload, std::siz
       detail::throw_invalid("section ", i, " is out of order or repeated");
     }
     const auto read = [&](auto traits) {
-      read_entries<decltype(traits)>(archive, section, static_cast<std::size_t>(bytes.rdbuf()->in_avail()));
+      read_entries<decltype(traits)>(archive, section, size);
     };
     for_each_direction(read);
     if (holds_graph_entries(format_version)) for_each_graph_direction(read);
@@ -299,58 +361,119 @@ std::string frame_payload(const CheckpointHeader& header, const std::string& pay
   return std::move(bytes).str();
 }
 
-Checkpoint deserialize(const std::string& bytes, const std::string& source) {
+namespace {
+
+// What a file's header says, checked against the file's size.
+struct Frame {
+  CheckpointHeader header;
+  std::uint64_t payload_size = 0;
+
+  std::size_t checked() const { return kHeaderBytes + payload_size; }  // the bytes the checksum covers
+};
+
+// The frame of a file of `total` bytes whose first min(total, kHeaderBytes) bytes are `head`. Throws Error
+// naming `source`: not a cache file, truncated, written by a newer cudnn_cache, or bytes after the checksum.
+Frame read_frame(const char* head, std::size_t total, const std::string& source) {
   const std::string start = std::string(1, '\1') + std::string(kMagic.begin(), kMagic.end());
-  const std::size_t seen = std::min(bytes.size(), start.size());
-  if (bytes.compare(0, seen, start, 0, seen) != 0) {
+  const std::size_t seen = std::min(total, start.size());
+  if (start.compare(0, seen, head, seen) != 0) {
     throw_file_error(source, "is not a cudnn_cache file (wrong magic); check the path");
   }
-  if (bytes.size() < kHeaderBytes) {
-    throw_file_error(source, "is truncated: ", bytes.size(), " bytes, shorter than the ", kHeaderBytes,
+  if (total < kHeaderBytes) {
+    throw_file_error(source, "is truncated: ", total, " bytes, shorter than the ", kHeaderBytes,
                      "-byte header; restore it from a backup or run the warm start again");
   }
-  Checkpoint checkpoint;
-  std::uint64_t payload_size = 0;
+  Frame frame;
   {
-    MemoryStream header(bytes.data(), kHeaderBytes);
+    MemoryStream header(head, kHeaderBytes);
     cereal::PortableBinaryInputArchive archive(header);
     std::array<char, kMagic.size()> magic{};
-    archive(cereal::binary_data(magic.data(), magic.size()), checkpoint.header.format_version,
-            checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version, payload_size);
+    archive(cereal::binary_data(magic.data(), magic.size()), frame.header.format_version,
+            frame.header.cudnn_version, frame.header.cuda_runtime_version, frame.payload_size);
   }
-  const std::uint32_t version = checkpoint.header.format_version;
+  const std::uint32_t version = frame.header.format_version;
   if (version > kFormatVersion) {
     throw_file_error(source, "was written by a newer cudnn_cache (file format ", version, "; this build reads 1 to ",
                      kFormatVersion, "); upgrade cudnn_cache to use it");
   }
   if (version == 0) throw_file_error(source, "is corrupt: file format version 0 does not exist");
-  const std::uint64_t after_header = bytes.size() - kHeaderBytes;
-  if (payload_size > after_header || after_header - payload_size < kChecksumBytes) {
-    throw_file_error(source, "is truncated: it has ", bytes.size(), " bytes but its header promises a ", payload_size,
+  const std::uint64_t after_header = total - kHeaderBytes;
+  if (frame.payload_size > after_header || after_header - frame.payload_size < kChecksumBytes) {
+    throw_file_error(source, "is truncated: it has ", total, " bytes but its header promises a ", frame.payload_size,
                      "-byte payload and a checksum after the ", kHeaderBytes,
                      "-byte header; restore it from a backup or run the warm start again");
   }
-  if (after_header - payload_size > kChecksumBytes) {
-    throw_file_error(source, "is corrupt: ", after_header - payload_size - kChecksumBytes,
+  if (after_header - frame.payload_size > kChecksumBytes) {
+    throw_file_error(source, "is corrupt: ", after_header - frame.payload_size - kChecksumBytes,
                      " unexpected bytes after the checksum; delete it and run the warm start again");
   }
-  const std::size_t checked = kHeaderBytes + payload_size;
-  std::uint64_t stored = 0;  // little-endian, as the portable archive wrote it
+  return frame;
+}
+
+// Compares the checksum the file stores (its 8 bytes, little-endian as the portable archive wrote them) with
+// the one its bytes give.
+void check_checksum(const char* stored_bytes, std::uint64_t computed, const std::string& source) {
+  std::uint64_t stored = 0;
   for (std::size_t i = 0; i < kChecksumBytes; ++i) {
-    stored |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[checked + i])) << (8 * i);
+    stored |= static_cast<std::uint64_t>(static_cast<unsigned char>(stored_bytes[i])) << (8 * i);
   }
-  if (stored != checksum(bytes.data(), checked)) {
+  if (stored != computed) {
     throw_file_error(source, "is corrupt: checksum mismatch; delete it and run the warm start again");
   }
+}
+
+// The checkpoint of a checked frame whose payload `bytes` reads.
+Checkpoint parse(const Frame& frame, std::istream& bytes, const std::string& source) {
+  Checkpoint checkpoint;
+  checkpoint.header = frame.header;
   try {
-    checkpoint.sections = deserialize_payload(bytes.data() + kHeaderBytes, payload_size, version);
+    checkpoint.sections = deserialize_payload(bytes, frame.payload_size, frame.header.format_version);
   } catch (const cereal::Exception& e) {
     throw_file_error(source, "is corrupt: ", e.what(), "; delete it and run the warm start again");
   }
   return checkpoint;
 }
 
-Checkpoint read_checkpoint(const std::string& path) { return deserialize(read_file(path), path); }
+}  // namespace
+
+Checkpoint deserialize(const std::string& bytes, const std::string& source) {
+  const Frame frame = read_frame(bytes.data(), bytes.size(), source);
+  check_checksum(bytes.data() + frame.checked(), checksum(bytes.data(), frame.checked()), source);
+  MemoryStream payload(bytes.data() + kHeaderBytes, frame.payload_size);
+  return parse(frame, payload, source);
+}
+
+// The file is read twice through a buffer, to check its checksum and then to parse it, instead of once into
+// memory of its size: a file of 100,000 entries is 37 MB, and touching that much fresh memory took a quarter of
+// its load. Both reads come from the page cache.
+Checkpoint read_checkpoint(const std::string& path) {
+  const ReadableFile file(path);
+  std::array<char, kHeaderBytes> head{};
+  const std::size_t got = file.read_at(0, head.data(), head.size());
+  const Frame frame = read_frame(head.data(), got < head.size() ? got : file.size(), path);
+  std::vector<char> buffer(FileStream::kBufferBytes);
+  Checksum sum(frame.checked());
+  std::size_t offset = 0;
+  for (;;) {
+    const std::size_t wanted = std::min(buffer.size(), frame.checked() - offset);
+    if (file.read_at(offset, buffer.data(), wanted) < wanted) {
+      throw_file_error(path, "was cut short while it was read; load it again once its writer is done");
+    }
+    offset += wanted;
+    if (offset == frame.checked()) {
+      const std::uint64_t computed = sum.finish(buffer.data(), wanted);
+      std::array<char, kChecksumBytes> stored{};
+      if (file.read_at(offset, stored.data(), stored.size()) < stored.size()) {
+        throw_file_error(path, "was cut short while it was read; load it again once its writer is done");
+      }
+      check_checksum(stored.data(), computed, path);
+      break;
+    }
+    sum.add_words(buffer.data(), wanted);  // a whole number of words: the buffer's size is
+  }
+  FileStream payload(file, kHeaderBytes, frame.checked());
+  return parse(frame, payload, path);
+}
 
 std::string to_json(const Checkpoint& checkpoint) {
   std::ostringstream text;

@@ -268,6 +268,37 @@ TEST_CASE("1000 random single-bit flips are each rejected and load nothing", "[c
   }
 }
 
+// A file is read through a 1 MB buffer, checked in one pass and parsed in a second: a file of several buffers
+// must load whole, and damage in any buffer must be found.
+TEST_CASE("a file of several read buffers loads whole, and damage past the first buffer is rejected",
+          "[checkpoint]") {
+  TemporaryFolder folder;
+  CacheStore original;
+  fill(original, 8000);
+  const std::string path = folder.file("large.bin");
+  save(original, path);
+  const std::string bytes = read_file(path);
+  REQUIRE(bytes.size() > 3 * (std::size_t{1} << 20));
+  CHECK(difference(snapshot(original), read_checkpoint(path)) == "");
+  CHECK(difference(deserialize(bytes, path), read_checkpoint(path)) == "");
+  CacheStore loaded;
+  CHECK(load(loaded, path, kRunning).entries == original.size());
+
+  RejectionChecker checker;
+  SECTION("a flipped bit in the third megabyte") {
+    std::string damaged = bytes;
+    damaged[(std::size_t{5} << 19) + 3] ^= 0x10;
+    checker.check(damaged, {"checksum mismatch"});
+  }
+  SECTION("a flipped bit in the checksum itself") {
+    std::string damaged = bytes;
+    damaged[bytes.size() - 2] ^= 0x01;
+    checker.check(damaged, {"checksum mismatch"});
+  }
+  SECTION("cut in the second megabyte") { checker.check(bytes.substr(0, (std::size_t{3} << 19) + 5), {"truncated"}); }
+  SECTION("cut at a buffer's end") { checker.check(bytes.substr(0, std::size_t{2} << 20), {"truncated"}); }
+}
+
 TEST_CASE("a file with the wrong magic is rejected", "[checkpoint]") {
   RejectionChecker checker;
   std::string bytes = small_file_bytes();

@@ -26,10 +26,34 @@
 // locks (flock fails with ENOLCK, EOPNOTSUPP or ENOSYS, as on some network file systems), the save goes on
 // without one and says so once through the warning callback: concurrent savers may then lose entries.
 
+#include <cstddef>
 #include <functional>
 #include <string>
 
 namespace cudnn_cache {
+
+// A regular file open for reading, for reads at any offset (a large cache file is checked and parsed in
+// pieces, not held whole). Throws Error naming the file and the reason if it cannot be opened, or if it is not
+// a regular file (a FIFO is refused without waiting for a writer).
+class ReadableFile {
+ public:
+  explicit ReadableFile(const std::string& path);
+  ~ReadableFile();
+  ReadableFile(const ReadableFile&) = delete;
+  ReadableFile& operator=(const ReadableFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Its size when it was opened.
+  std::size_t size() const { return size_; }
+  // Reads up to `count` bytes at `offset` into `data`; fewer only where the file ends. Throws Error naming the
+  // file on a read error.
+  std::size_t read_at(std::size_t offset, char* data, std::size_t count) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::size_t size_ = 0;
+};
 
 // The whole content of the file. Throws Error naming the file and the reason if it cannot be read.
 std::string read_file(const std::string& path);
