@@ -488,10 +488,12 @@ def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:
                 synchronize(device)
                 started = time.perf_counter()
                 model.zero_grad(set_to_none=True)
-                model(x).float().sum().backward()
+                loss = model(x).float().sum()
+                forwarded = time.perf_counter()
+                loss.backward()
                 queued = time.perf_counter()
                 synchronize(device)
-                return time.perf_counter() - started, queued - started
+                return time.perf_counter() - started, queued - started, forwarded - started
             finally:
                 cudnn_cache.intercept(False)
         return step
@@ -504,11 +506,13 @@ def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:
     cudnn_cache.reset_stats()
     times: Dict[str, List[float]] = {mode: [] for mode in steps}
     host: Dict[str, List[float]] = {mode: [] for mode in steps}
+    forward: Dict[str, List[float]] = {mode: [] for mode in steps}
     for round_index in range(args.steps):
         for mode in in_turn(list(steps), round_index):
-            wall, queued = steps[mode]()
+            wall, queued, forwarded = steps[mode]()
             times[mode].append(1e3 * wall)
             host[mode].append(1e3 * queued)
+            forward[mode].append(1e3 * forwarded)
 
     def paired(values: Dict[str, List[float]]) -> Dict[str, dict]:
         return {mode: median_interval([a / b for a, b in zip(values[mode], values["native"])])
@@ -516,12 +520,14 @@ def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:
 
     # host: until backward() returns, before the step's final synchronize; a cache mode whose wall ratio is
     # above its host ratio waits on the GPU more than native does, one whose host ratio is as high spends the
-    # host time itself.
+    # host time itself. forward: until the loss is computed, so the host's backward is host minus forward.
     return {"workload": workload_name, "native_mode": native_mode, "backend": cudnn_cache.backend(),
             "convolutions": convolutions, "loaded_entries": loaded, "steps_ms": times, "host_steps_ms": host,
             "wall_ms": {mode: median_interval(values) for mode, values in times.items()},
             "host_ms": {mode: median_interval(values) for mode, values in host.items()},
+            "forward_steps_ms": forward, "forward_ms": {mode: median_interval(v) for mode, v in forward.items()},
             "ratio_to_native": paired(times), "host_ratio_to_native": paired(host),
+            "forward_ratio_to_native": paired(forward),
             "stats": cudnn_cache.stats()}
 
 

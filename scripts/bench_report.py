@@ -161,18 +161,19 @@ def interleaved_table(report: dict) -> List[str]:
     results = report.get("interleaved") or []
     if not results:
         return []
-    columns = ["workload", "native mode", "native", "cache_warm", "÷ native", "host ÷ native", "cache_intercept",
-               "÷ native", "host ÷ native"]
+    columns = ["workload", "native mode", "native", "cache_warm", "÷ native", "host ÷ native", "forward ÷ native",
+               "cache_intercept", "÷ native", "host ÷ native", "forward ÷ native"]
     rows = []
     for result in results:
         if "error" in result:
             rows.append(failed_row(result, columns, mode="native_mode"))
             continue
-        wall, ratios, host = result["wall_ms"], result["ratio_to_native"], result.get("host_ratio_to_native", {})
+        wall, ratios = result["wall_ms"], result["ratio_to_native"]
+        host, forward = result.get("host_ratio_to_native", {}), result.get("forward_ratio_to_native", {})
         row = [workload_label(result["workload"]), result["native_mode"], interval_cell(wall["native"], ".2f", " ms")]
         for mode in ("cache_warm", "cache_intercept"):
             row += [interval_cell(wall[mode], ".2f", " ms"), interval_cell(ratios[mode], ".3f", ""),
-                    interval_cell(host.get(mode), ".3f", "")]
+                    interval_cell(host.get(mode), ".3f", ""), interval_cell(forward.get(mode), ".3f", "")]
         rows.append(row)
     steps = results[0].get("steps_ms", {}).get("native") or []
     return ["", "## Steady state, interleaved in one process", "",
@@ -180,8 +181,9 @@ def interleaved_table(report: dict) -> List[str]:
             f"(cache_warm, on cache_cold's file) and under intercept, in turn, {len(steps)} rounds (the order "
             "rotates by round). Wall-clock step, median [95% interval]; ÷ native: the ratio of the two steps of "
             "each round, median [95% interval]; host ÷ native: the same of the time until backward() returns, "
-            "before the step's final synchronize ('-' from runs that did not record it). Separate processes differ by more than the modes do, so this is "
-            "the wall-clock comparison the targets use.", ""] + table(columns, rows)
+            "before the step's final synchronize; forward ÷ native: the same of the time until the loss is "
+            "computed, the step's forward ('-' from runs that did not record them). Separate processes differ by "
+            "more than the modes do, so this is the wall-clock comparison the targets use.", ""] + table(columns, rows)
 
 
 def failed_cases(cases: List[dict]) -> set:

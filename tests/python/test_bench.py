@@ -117,6 +117,8 @@ def interleaved_result(workload: str, native_mode: str, native_ms: float, warm: 
                                 for mode in ("cache_warm", "cache_intercept")},
             "host_ratio_to_native": {mode: bench_stats.median_interval([1.0] * 30)
                                      for mode in ("cache_warm", "cache_intercept")},
+            "forward_ratio_to_native": {mode: bench_stats.median_interval([0.98] * 30)
+                                        for mode in ("cache_warm", "cache_intercept")},
             "stats": stats(0, 100)}
 
 
@@ -180,10 +182,10 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
         assert "Traceback: more" not in text  # the first line of the error only
     interleaved = section(markdown, "Steady state, interleaved in one process")
     rows = table_rows(interleaved)
-    assert len(rows) == 2 + 4 and all(len(row) == 9 for row in rows)
+    assert len(rows) == 2 + 4 and all(len(row) == 11 for row in rows)
     assert ("| ResNet-50 fp32 bs32 | native_heuristic | 25.15 [24.90, 25.40] ms | 24.90 [24.65, 25.14] ms | "
-            "0.990 [0.990, 0.990] | 1.000 [1.000, 1.000] | 25.40 [25.15, 25.65] ms | 1.010 [1.010, 1.010] | "
-            "1.000 [1.000, 1.000] |") in interleaved
+            "0.990 [0.990, 0.990] | 1.000 [1.000, 1.000] | 0.980 [0.980, 0.980] | 25.40 [25.15, 25.65] ms | "
+            "1.010 [1.010, 1.010] | 1.000 [1.000, 1.000] | 0.980 [0.980, 0.980] |") in interleaved
     assert "| two-conv model of the seed (bs7, 32x32) | native_benchmark | FAILED: exit code 1" in interleaved
     assert "30 rounds" in interleaved
     overhead = section(markdown, "Host overhead per call")
