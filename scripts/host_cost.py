@@ -30,7 +30,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import WORKLOADS, in_turn, model_and_input, synchronize  # noqa: E402
+from bench_cases import (OVERHEAD, TRAIN_INPUT, TRAIN_WEIGHT, WORKLOADS, in_turn, model_and_input,  # noqa: E402
+                         synchronize)
 from bench_stats import median_interval  # noqa: E402
 
 # The three cuDNN directions one at a time, and "backward": both gradients in one call, as a training step's
@@ -164,7 +165,13 @@ class Convolution:
 
 
 def convolutions_of(workload: str, device: torch.device) -> List[Convolution]:
-    """The model's distinct (non-transposed) convolutions, recorded by forward hooks on one forward pass."""
+    """The model's distinct (non-transposed) convolutions, recorded by forward hooks on one forward pass; for
+    'overhead', the convolution of bench.py's eager training micro case."""
+    if workload == OVERHEAD:
+        module = torch.nn.Conv2d(TRAIN_WEIGHT[1], TRAIN_WEIGHT[0], TRAIN_WEIGHT[2:], padding=1, bias=False).to(device)
+        x = torch.rand(TRAIN_INPUT, device=device)
+        with torch.no_grad():
+            return [Convolution(module, x, module(x))]
     model, x, _ = model_and_input(WORKLOADS[workload], device, None)
     found: Dict[Tuple, Convolution] = {}
 
@@ -278,8 +285,9 @@ def table(rows: List[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=list(WORKLOADS), default="seed",
-                        help="a workload of scripts/bench.py (default seed)")
+    parser.add_argument("--workload", choices=[*WORKLOADS, OVERHEAD], default="seed",
+                        help="a workload of scripts/bench.py (default seed), or 'overhead': the convolution of its "
+                             "eager training micro case")
     parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds (default 60; at least 6)")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop (default 200)")
     parser.add_argument("--device", default="cuda")

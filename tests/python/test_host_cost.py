@@ -20,6 +20,14 @@ def test_records_every_distinct_convolution_of_the_workload():
     assert [tuple(c.g.shape) for c in convolutions] == [(7, 64, 32, 32), (7, 32, 30, 30)]  # like each output
 
 
+def test_the_overhead_workload_is_the_eager_training_micro_case():
+    import bench_cases
+
+    [convolution] = host_cost.convolutions_of("overhead", __import__("torch").device("cpu"))
+    assert tuple(convolution.x.shape) == bench_cases.TRAIN_INPUT and tuple(convolution.w.shape) == bench_cases.TRAIN_WEIGHT
+    assert convolution.padding == [1, 1] and tuple(convolution.g.shape) == bench_cases.TRAIN_INPUT  # 16 -> 16, same size
+
+
 def test_reports_each_convolution_and_direction_with_paired_differences(tmp_path):
     output = tmp_path / "host_cost.json"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_cost.py"), "--device", "cpu", "--workload",
@@ -31,7 +39,8 @@ def test_reports_each_convolution_and_direction_with_paired_differences(tmp_path
     assert [(row["convolution"].split(" ")[0], row["direction"]) for row in rows] == [
         (shape, direction) for shape in ("7x3x32x32", "7x64x32x32") for direction in host_cost.DIRECTIONS]
     for row in rows:
-        for figure in (row["native_us"], row["op_minus_native_us"], row["intercept_minus_native_us"]):
+        for figure in (row["native_us"], row["native_benchmark_minus_native_us"], row["op_minus_native_us"],
+                       row["intercept_minus_native_us"]):
             assert set(figure) == {"median", "lo", "hi", "n"} and figure["n"] == 6
             assert figure["lo"] <= figure["median"] <= figure["hi"]
         assert row["native_us"]["lo"] > 0 and row["stored"] == {}  # no cache entries off a GPU
