@@ -51,58 +51,58 @@
 namespace cudnn_cache {
 namespace {
 
-// Reads bytes in place, so parsing a file does not copy it again. cereal reads every value through
-// xsgetn, so it is one bounded memcpy here rather than std::streambuf's general loop.
-class MemoryStream : private std::streambuf, public std::istream {
- public:
-  MemoryStream(const char* data, std::size_t size) : std::istream(static_cast<std::streambuf*>(this)) {
-    char* begin = const_cast<char*>(data);  // get area only: never written through
-    setg(begin, begin, begin + size);
-  }
+// An istream over bytes in its get area, refilled by underflow() where a subclass has more. cereal reads every
+// value through xsgetn, so that is a bounded memcpy here rather than std::streambuf's general loop.
+class ByteStream : protected std::streambuf, public std::istream {
+ protected:
+  // std::istream has these names too.
+  using int_type = std::streambuf::int_type;
+  using traits_type = std::streambuf::traits_type;
+
+  ByteStream() : std::istream(static_cast<std::streambuf*>(this)) {}
 
  private:
-  std::streamsize xsgetn(char* destination, std::streamsize count) override {
-    const std::streamsize available = std::min<std::streamsize>(count, egptr() - gptr());
-    std::memcpy(destination, gptr(), static_cast<std::size_t>(available));
-    setg(eback(), gptr() + available, egptr());
-    return available;
-  }
-};
-
-// Reads bytes [begin, end) of a file through a buffer of its own, so parsing a large file neither holds it whole
-// nor touches fresh memory for all of it. Stops early where the file does (a file cut while it is read): the
-// parse then fails on the missing bytes.
-class FileStream : private std::streambuf, public std::istream {
- public:
-  static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;
-
-  FileStream(const ReadableFile& file, std::size_t begin, std::size_t end)
-      : std::istream(static_cast<std::streambuf*>(this)), file_(file), next_(begin), end_(end),
-        buffer_(kBufferBytes) {}
-
- private:
-  using Traits = std::streambuf::traits_type;
-
-  std::streambuf::int_type underflow() override {
-    if (gptr() < egptr()) return Traits::to_int_type(*gptr());
-    const std::size_t wanted = std::min(buffer_.size(), end_ - next_);
-    const std::size_t got = wanted == 0 ? 0 : file_.read_at(next_, buffer_.data(), wanted);
-    next_ += got;
-    if (got < wanted) end_ = next_;  // the file ended early
-    setg(buffer_.data(), buffer_.data(), buffer_.data() + got);
-    return got == 0 ? Traits::eof() : Traits::to_int_type(*gptr());
-  }
-
   std::streamsize xsgetn(char* destination, std::streamsize count) override {
     std::streamsize copied = 0;
     while (copied < count) {
-      if (gptr() == egptr() && underflow() == Traits::eof()) break;
+      if (gptr() == egptr() && underflow() == traits_type::eof()) break;
       const std::streamsize now = std::min<std::streamsize>(count - copied, egptr() - gptr());
       std::memcpy(destination + copied, gptr(), static_cast<std::size_t>(now));
       setg(eback(), gptr() + now, egptr());
       copied += now;
     }
     return copied;
+  }
+};
+
+// Reads bytes in place, so parsing a file's bytes does not copy them again.
+class MemoryStream : public ByteStream {
+ public:
+  MemoryStream(const char* data, std::size_t size) {
+    char* begin = const_cast<char*>(data);  // get area only: never written through
+    setg(begin, begin, begin + size);
+  }
+};
+
+// Reads bytes [begin, end) of a file through a buffer of its own, so parsing a large file neither holds it whole
+// nor touches fresh memory for all of it. Stops early where the file does (a file cut while it is read): the
+// parse then fails on the missing bytes.
+class FileStream : public ByteStream {
+ public:
+  static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;
+
+  FileStream(const ReadableFile& file, std::size_t begin, std::size_t end)
+      : file_(file), next_(begin), end_(end), buffer_(kBufferBytes) {}
+
+ private:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    const std::size_t wanted = std::min(buffer_.size(), end_ - next_);
+    const std::size_t got = wanted == 0 ? 0 : file_.read_at(next_, buffer_.data(), wanted);
+    next_ += got;
+    if (got < wanted) end_ = next_;  // the file ended early
+    setg(buffer_.data(), buffer_.data(), buffer_.data() + got);
+    return got == 0 ? traits_type::eof() : traits_type::to_int_type(*gptr());
   }
 
   const ReadableFile& file_;
