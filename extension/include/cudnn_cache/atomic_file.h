@@ -42,7 +42,6 @@ class ReadableFile {
   ReadableFile(const ReadableFile&) = delete;
   ReadableFile& operator=(const ReadableFile&) = delete;
 
-  const std::string& path() const { return path_; }
   // Its size when it was opened.
   std::size_t size() const { return size_; }
   // Reads up to `count` bytes at `offset` into `data`; fewer only where the file ends. Throws Error naming the
