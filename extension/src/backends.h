@@ -126,8 +126,8 @@ class GraphBackend {
 
   std::string run(const EngineCandidate& config, bool best, const ConvolutionBuffers& buffers,
                   const WorkspaceAllocator& allocate) {
-    const PlanCache::Entry& entry = plans_.get(handle_, device_, key_, config, stored_, best);
-    if (!entry.plan) return entry.refusal;
+    const PlanCache::Entry entry = plans_.get(handle_, device_, key_, config, stored_, best);
+    if (!entry.plan) return *entry.refusal;
     const GraphPlan& plan = *entry.plan;
     std::optional<Workspace> workspace = workspace_for(allocate, plan.workspace_bytes());
     if (!workspace) return out_of_memory(to_string(config), plan.workspace_bytes());

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <utility>
 
 #include "cudnn_cache/error.h"
 #include "elapsed.h"
@@ -22,24 +23,68 @@ void keep_serialized(const ConvolutionKey& key, const EngineCandidate& config, c
 
 }  // namespace
 
-const PlanCache::Entry& PlanCache::get(cudnnHandle_t handle, int device, const ConvolutionKey& key,
-                                       const EngineCandidate& config, PlanStore& stored, bool best) {
+PlanCache::Entry PlanCache::get(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                const EngineCandidate& config, PlanStore& stored, bool best) {
   const Slot slot{device, key, config};
   {
     std::shared_lock lock(mutex_);
-    if (const auto found = entries_.find(slot); found != entries_.end()) return found->second;
+    if (const auto found = entries_.find(slot); found != entries_.end()) {
+      // Read first: a flag already set is not written again, so threads hitting one entry share its cache line.
+      if (!found->second.used.load(std::memory_order_relaxed)) {
+        found->second.used.store(true, std::memory_order_relaxed);
+      }
+      return found->second.entry;
+    }
   }
   Entry made = restore(handle, key, config, stored);
   if (!made.plan) made = build(handle, key, config, stored, best);
-  std::unique_lock lock(mutex_);
-  return entries_.try_emplace(slot, std::move(made)).first->second;
+  return insert(slot, std::move(made));
 }
 
 void PlanCache::adopt(int device, const ConvolutionKey& key, const EngineCandidate& config,
                       std::shared_ptr<const GraphPlan> plan, PlanStore& stored) {
   keep_serialized(key, config, *plan, stored);
+  insert(Slot{device, key, config}, Entry{std::move(plan), nullptr});
+}
+
+std::size_t PlanCache::size() const {
+  std::shared_lock lock(mutex_);
+  return entries_.size();
+}
+
+bool PlanCache::contains(int device, const ConvolutionKey& key, const EngineCandidate& config) const {
+  std::shared_lock lock(mutex_);
+  return entries_.count(Slot{device, key, config}) != 0;
+}
+
+PlanCache::Entry PlanCache::insert(const Slot& slot, Entry made) {
+  std::vector<std::shared_ptr<const GraphPlan>> evicted;  // declared first: destroyed after the lock is released
   std::unique_lock lock(mutex_);
-  entries_.try_emplace(Slot{device, key, config}, Entry{std::move(plan), {}});
+  const auto [kept, inserted] = entries_.try_emplace(slot, std::move(made));
+  if (inserted) sweep(kept, evicted);
+  return kept->second.entry;
+}
+
+void PlanCache::sweep(Entries::const_iterator inserted, std::vector<std::shared_ptr<const GraphPlan>>& evicted) {
+  const std::size_t limit = limit_.load(std::memory_order_relaxed);
+  if (limit == 0 || entries_.size() <= limit) return;
+  const std::size_t target = limit - limit / 10;  // at least 1, so `inserted` can always stay
+  // The first pass gives every entry used since the last sweep its second chance, and goes on past the target
+  // to clear every flag, so that a flag set at the next sweep means a use since this one. The second, if
+  // needed, evicts among entries that have all had theirs.
+  for (int pass = 0; pass < 2 && entries_.size() > target; ++pass) {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      const bool spared = it == inserted || it->second.used.exchange(false, std::memory_order_relaxed) ||
+                          entries_.size() <= target;
+      if (spared) {
+        ++it;
+        continue;
+      }
+      evicted.push_back(std::move(it->second.entry.plan));
+      it = entries_.erase(it);
+      ++plan_evictions;
+    }
+  }
 }
 
 // The plan `stored` holds for this config, if this cuDNN can load it; a stored plan it cannot load is counted
@@ -71,7 +116,7 @@ PlanCache::Entry PlanCache::build(cudnnHandle_t handle, const ConvolutionKey& ke
   try {
     built.plan = std::make_shared<const GraphPlan>(handle, key, config);
   } catch (const Error& e) {
-    built.refusal = e.what();
+    built.refusal = std::make_shared<const std::string>(e.what());
     debug("plan refused: ", to_string(config), " for ", key, ": ", e.what());
     return built;
   }

@@ -7,9 +7,20 @@
 // refusal to build one, so a stored config this cuDNN does not know costs one attempt per process, not one
 // per call. The cache is shared by all threads (cuDNN plans may
 // run concurrently), so prepare() can fill it from other threads while training runs: a lookup takes a
-// shared lock, a build happens outside any lock, and the first result stored wins. Entries are never
-// removed: a plan is tied to its device and cuDNN, not to a file, so loading or clearing the caches does not
-// touch it, and references to entries stay valid.
+// shared lock, a build happens outside any lock, and the first result stored wins. A plan is tied to its
+// device and cuDNN, not to a file, so loading or clearing the caches does not touch it.
+//
+// A run whose input shapes keep changing would grow the cache without bound, so it keeps at most limit()
+// entries (10000 by default, as PyTorch's own cuDNN v8 plan cache; 0 keeps every entry), evicting the least
+// recently used approximately, by second chance (CLOCK): a hit sets its entry's `used` flag under the shared
+// lock, so the hit path takes no exclusive lock and writes only a flag that is usually set already. An insert
+// that takes the cache over the limit sweeps it under the exclusive lock: entries not used since the last
+// sweep are evicted until the cache holds 90% of the limit, and the flags of all that stay are cleared; so a
+// sweep's O(n) is paid once per tenth of the limit inserted, not once per insert. Should too few entries be
+// unused, a second pass evicts among the others, in no particular order. The entry just inserted is never evicted, and a new entry
+// counts as used (its caller is about to run it). Entries can leave, so get() returns its entry by value, a
+// shared pointer: a plan another thread runs stays alive until that run ends. Evicted plans are destroyed
+// after the lock is released, since destroying a plan calls into cuDNN.
 
 #include <atomic>
 #include <cstdint>
@@ -17,6 +28,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "cudnn_cache/graph.h"
 #include "cudnn_cache/plan_store.h"
@@ -26,24 +38,39 @@ namespace cudnn_cache {
 
 class PlanCache {
  public:
+  // PyTorch's default for its own cuDNN v8 plan cache (TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT).
+  static constexpr std::size_t kDefaultLimit = 10000;
+
   explicit PlanCache(Runtime& runtime) : runtime_(runtime) {}
 
+  // Copied out of the cache on every hit, so both members are shared pointers: one reference count changes,
+  // nothing is allocated.
   struct Entry {
-    std::shared_ptr<const GraphPlan> plan;  // null when cuDNN refused the config
-    std::string refusal;                    // why it did
+    std::shared_ptr<const GraphPlan> plan;       // null when cuDNN refused the config
+    std::shared_ptr<const std::string> refusal;  // why it did; null when it built
   };
 
   // The entry of `config` for `key` on `device`, made on first use: from the plan `stored` holds for the key
   // when it is one of this config and this cuDNN, else built (Note [Stored plans]). When `best` (the config
   // leads its ranking) and cuDNN compiled it at run time, the plan built is serialized into `stored`.
-  const Entry& get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
+  Entry get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
                    PlanStore& stored, bool best);
 
   // Keeps `plan`, which a search built for `config`, as if get() had built it (and stores it, as get() would).
   void adopt(int device, const ConvolutionKey& key, const EngineCandidate& config,
              std::shared_ptr<const GraphPlan> plan, PlanStore& stored);
 
-  std::atomic<std::uint64_t> plans_built{0}, build_us{0}, plans_deserialized{0}, plan_rebuilds{0};
+  // At most how many entries are kept (0: no bound); see Note [Plan cache]. A lower limit evicts at the next
+  // insert.
+  void set_limit(std::size_t limit) { limit_.store(limit, std::memory_order_relaxed); }
+  std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
+  // How many entries are kept now.
+  std::size_t size() const;
+  // Whether the slot has an entry; unlike get(), this does not count as a use.
+  bool contains(int device, const ConvolutionKey& key, const EngineCandidate& config) const;
+
+  std::atomic<std::uint64_t> plans_built{0}, build_us{0}, plans_deserialized{0}, plan_rebuilds{0},
+      plan_evictions{0};
 
  private:
   Entry restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
@@ -67,8 +94,24 @@ class PlanCache {
     std::size_t operator()(const Slot& slot) const;
   };
 
-  std::shared_mutex mutex_;
-  std::unordered_map<Slot, Entry, SlotHash> entries_;
+  // An entry and its second-chance flag (Note [Plan cache]). The flag is written under the shared lock, so it
+  // is atomic; nodes of the map never move, so it needs no copy.
+  struct Kept {
+    explicit Kept(Entry made) : entry(std::move(made)) {}
+    Entry entry;
+    std::atomic<bool> used{true};
+  };
+  using Entries = std::unordered_map<Slot, Kept, SlotHash>;
+
+  // Stores `made` unless another thread stored the slot first, then sweeps if over the limit; the entry kept.
+  Entry insert(const Slot& slot, Entry made);
+  // Evicts entries down to 90% of the limit, never `inserted`; the evicted plans are moved to `evicted`, for
+  // the caller to destroy outside the lock. The caller holds the exclusive lock.
+  void sweep(Entries::const_iterator inserted, std::vector<std::shared_ptr<const GraphPlan>>& evicted);
+
+  mutable std::shared_mutex mutex_;
+  Entries entries_;
+  std::atomic<std::size_t> limit_{kDefaultLimit};
 };
 
 }  // namespace cudnn_cache

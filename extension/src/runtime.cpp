@@ -3,10 +3,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -128,6 +131,17 @@ Runtime::Runtime()
       std::cerr << "cudnn_cache: CUDNN_CACHE_LOG: " << e.what() << "; logging stays off\n";
     }
   }
+  if (const char* limit = std::getenv("CUDNN_CACHE_PLAN_CACHE_LIMIT"); limit != nullptr && *limit != '\0') {
+    const char* end = limit + std::strlen(limit);
+    std::size_t value = 0;
+    const auto [stop, failure] = std::from_chars(limit, end, value);
+    if (failure == std::errc() && stop == end) {
+      plans_->set_limit(value);
+    } else {
+      std::cerr << "cudnn_cache: CUDNN_CACHE_PLAN_CACHE_LIMIT: '" << limit << "' is not a non-negative integer "
+                << "(the most execution plans kept; 0: no bound); the limit stays " << plans_->limit() << "\n";
+    }
+  }
 }
 
 void Runtime::log(LogLevel level, const std::string& message) {
@@ -182,6 +196,10 @@ GraphSearchOptions Runtime::search_options() const {
   return search_options_;
 }
 
+void Runtime::set_plan_cache_limit(std::size_t limit) { plans_->set_limit(limit); }
+
+std::size_t Runtime::plan_cache_limit() const { return plans_->limit(); }
+
 Stats Runtime::stats() const {
   return {hits_.load(),
           misses_.load(),
@@ -192,12 +210,14 @@ Stats Runtime::stats() const {
           plans_->build_us.load(),
           plans_->plans_deserialized.load(),
           plans_->plan_rebuilds.load(),
+          plans_->plan_evictions.load(),
           capture_misses_.load()};
 }
 
 void Runtime::reset_stats() {
   for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
-                        &plans_->plans_deserialized, &plans_->plan_rebuilds, &capture_misses_}) {
+                        &plans_->plans_deserialized, &plans_->plan_rebuilds, &plans_->plan_evictions,
+                        &capture_misses_}) {
     *counter = 0;
   }
 }

@@ -268,6 +268,8 @@ def forward_key():
     pytest.param(lambda: cudnn_cache.set_miss_policy("bogus"), r"unknown miss policy 'bogus'", id="miss_policy"),
     pytest.param(lambda: cudnn_cache.set_backend("bogus"), r"'bogus'.*'graph'.*'legacy'", id="backend"),
     pytest.param(lambda: cudnn_cache.prepare(threads=-1), r"threads must be >= 0", id="prepare_threads"),
+    pytest.param(lambda: cudnn_cache.set_plan_cache_limit(-5), r"limit must be a non-negative integer",
+                 id="plan_cache_limit_negative"),
 ])
 def test_bad_cache_arguments_raise_an_error_naming_them(call, match, cache_state):
     with pytest.raises(RuntimeError, match=match):
@@ -649,6 +651,9 @@ ENVIRONMENT_CASES = [
     pytest.param("CUDNN_CACHE_INTERCEPT", "bogus", "cli", id="intercept_under_the_cli"),
     pytest.param("CUDNN_CACHE_INTERCEPT", "bogus", "run", id="intercept_under_the_runner"),
     pytest.param("CUDNN_CACHE_LOG", "verbose", "import", id="log_level"),
+    pytest.param("CUDNN_CACHE_PLAN_CACHE_LIMIT", "-1", "import", id="plan_cache_limit_negative"),
+    pytest.param("CUDNN_CACHE_PLAN_CACHE_LIMIT", "ten", "cli", id="plan_cache_limit_a_word"),
+    pytest.param("CUDNN_CACHE_PLAN_CACHE_LIMIT", "18446744073709551616", "import", id="plan_cache_limit_too_large"),
     pytest.param("CUDNN_CACHE_LIBRARY", "{missing}", "import", id="library_missing"),
     pytest.param("CUDNN_CACHE_LIBRARY", "{directory}", "cli", id="library_directory"),
     pytest.param("CUDNN_CACHE_LIBRARY", "{random}", "import", id="library_random_bytes"),

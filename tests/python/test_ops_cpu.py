@@ -599,7 +599,7 @@ def test_query_without_a_gpu_says_so():
 def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
-                          "plans_deserialized", "plan_rebuilds", "capture_misses", "entries"}
+                          "plans_deserialized", "plan_rebuilds", "plan_evictions", "capture_misses", "entries"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0
 
@@ -670,6 +670,32 @@ def test_miss_policy_round_trip(cache_state):
     for policy in ("heuristic", "error", "tune"):
         cudnn_cache.set_miss_policy(policy)
         assert cudnn_cache.miss_policy() == policy
+
+
+def test_plan_cache_limit_round_trip_and_a_negative_one_is_refused(cache_state):
+    assert cudnn_cache.plan_cache_limit() == 10000  # the default, as PyTorch's own plan cache
+    for limit in (0, 1, 123, 10000):
+        cudnn_cache.set_plan_cache_limit(limit)
+        assert cudnn_cache.plan_cache_limit() == limit
+    with pytest.raises(RuntimeError, match=r"set_plan_cache_limit: limit must be a non-negative integer .*got -1; "
+                                           r"the limit stays 10000"):
+        cudnn_cache.set_plan_cache_limit(-1)
+    assert cudnn_cache.plan_cache_limit() == 10000
+    assert cudnn_cache.stats()["plan_evictions"] == 0  # no plan is built without a GPU
+
+
+# A bad value ends the process in one line (test_bad_input.py, test_a_bad_environment_variable_ends_the_process_...).
+@pytest.mark.parametrize("setting, limit", [("0", 0), ("250", 250), ("", 10000), (None, 10000)])
+def test_cudnn_cache_plan_cache_limit_sets_the_limit_at_start(child_env, setting, limit):
+    env = dict(child_env)
+    env.pop("CUDNN_CACHE_PLAN_CACHE_LIMIT", None)
+    if setting is not None:
+        env["CUDNN_CACHE_PLAN_CACHE_LIMIT"] = setting
+    result = subprocess.run([sys.executable, "-c", "import cudnn_cache; print(cudnn_cache.plan_cache_limit())"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(limit)
+    assert result.stderr == ""
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 // The cache as ops: descriptor round trips, keys, queries, tuning on demand, size, save and load, statistics,
-// the miss policy, the backend and plan preparation. They read or change process state, not tensors, so one
-// kernel serves every backend.
+// the miss policy, the plan cache's limit, the backend and plan preparation. They read or change process
+// state, not tensors, so one kernel serves every backend.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/descriptors.h"
@@ -194,6 +196,7 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("plan_build_us", static_cast<std::int64_t>(s.plan_build_us));
   result.insert("plans_deserialized", static_cast<std::int64_t>(s.plans_deserialized));
   result.insert("plan_rebuilds", static_cast<std::int64_t>(s.plan_rebuilds));
+  result.insert("plan_evictions", static_cast<std::int64_t>(s.plan_evictions));
   result.insert("capture_misses", static_cast<std::int64_t>(s.capture_misses));
   result.insert("entries", size());
   return result;
@@ -208,6 +211,19 @@ void set_miss_policy(const std::string& policy) {
 }
 
 std::string get_miss_policy() { return to_string(Runtime::instance().miss_policy()); }
+
+void set_plan_cache_limit(std::int64_t limit) {
+  TORCH_CHECK(limit >= 0, "cudnn_cache.set_plan_cache_limit: limit must be a non-negative integer (the most "
+              "execution plans kept; 0: no bound), got ", limit, "; the limit stays ",
+              Runtime::instance().plan_cache_limit());
+  Runtime::instance().set_plan_cache_limit(static_cast<std::size_t>(limit));
+}
+
+std::int64_t get_plan_cache_limit() {
+  const std::size_t limit = Runtime::instance().plan_cache_limit();
+  // A limit beyond int64 (set from C++ or the environment) bounds nothing either.
+  return static_cast<std::int64_t>(std::min<std::size_t>(limit, std::numeric_limits<std::int64_t>::max()));
+}
 
 void set_backend(const std::string& backend) {
   rethrow([&] { Runtime::instance().set_backend(backend_from_string(backend)); });
@@ -299,6 +315,8 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("format_version", &format_version);
   m.impl("set_miss_policy", &set_miss_policy);
   m.impl("get_miss_policy", &get_miss_policy);
+  m.impl("set_plan_cache_limit", &set_plan_cache_limit);
+  m.impl("get_plan_cache_limit", &get_plan_cache_limit);
   m.impl("set_backend", &set_backend);
   m.impl("get_backend", &get_backend);
   m.impl("set_tuning_options", &set_tuning_options);

@@ -46,6 +46,8 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("format_version() -> int");
   m.def("set_miss_policy(str policy) -> ()");
   m.def("get_miss_policy() -> str");
+  m.def("set_plan_cache_limit(int limit) -> ()");
+  m.def("get_plan_cache_limit() -> int");
   m.def("set_backend(str backend) -> ()");
   m.def("get_backend() -> str");
   m.def("set_tuning_options(int? warmup=None, int? repetitions=None, int? max_candidates=None, "

@@ -25,6 +25,7 @@ from ._library import library_path, load_library
 # Every variable is checked before anything is loaded: See Note [Bad environment variables] in _environment.py.
 _intercept_at_import = _environment.intercept()
 _log_level_at_import = _environment.log_level()
+_environment.plan_cache_limit()  # read by the C++ runtime when it starts
 load_library()
 
 from . import functional  # noqa: E402  (needs the ops registered)
@@ -60,8 +61,9 @@ __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation",
     "active_file", "audit", "backend", "clear", "conv_key", "convert", "describe_convolution", "describe_filter",
     "describe_tensor", "distributed", "fill", "functional", "intercept", "intercepting", "library_path", "load",
-    "log_level", "logger", "miss_policy", "persistent", "prepare", "query", "reset_stats", "save", "set_backend",
-    "set_log_level", "set_miss_policy", "set_tuning_options", "size", "stats", "tuning_options",
+    "log_level", "logger", "miss_policy", "persistent", "plan_cache_limit", "prepare", "query", "reset_stats",
+    "save", "set_backend", "set_log_level", "set_miss_policy", "set_plan_cache_limit", "set_tuning_options", "size",
+    "stats", "tuning_options",
 ]
 
 
@@ -125,6 +127,19 @@ def set_miss_policy(policy: str) -> None:
 def miss_policy() -> str:
     """The current miss policy."""
     return _ops.get_miss_policy()
+
+
+def set_plan_cache_limit(limit: int) -> None:
+    """At most how many graph-API execution plans are kept in memory (default 10000, as PyTorch's own cuDNN
+    plan cache; 0: no bound); past it, the least recently used are evicted and rebuilt if needed again
+    (stats()['plan_evictions'] counts them). CUDNN_CACHE_PLAN_CACHE_LIMIT sets it at start. A lower limit
+    takes effect at the next plan stored; a negative one raises RuntimeError and the limit stays."""
+    _ops.set_plan_cache_limit(limit)
+
+
+def plan_cache_limit() -> int:
+    """The plan cache's limit (see set_plan_cache_limit)."""
+    return _ops.get_plan_cache_limit()
 
 
 def set_backend(backend: str) -> None:
@@ -217,8 +232,9 @@ def log_level() -> str:
 
 def stats() -> Dict[str, int]:
     """Counters since start (or reset_stats): hits, misses, tunes, fallbacks; tune_us (time spent tuning);
-    plans_built and plan_build_us (graph-API execution plans built, and the time it took); and entries now
-    cached."""
+    plans_built and plan_build_us (graph-API execution plans built, and the time it took); plans_deserialized
+    and plan_rebuilds (stored plans restored, and those rebuilt instead); plan_evictions (plans evicted by
+    the plan cache's limit); capture_misses; and entries now cached."""
     return dict(_ops.stats())
 
 

@@ -4,6 +4,8 @@
     CUDNN_CACHE_INTERCEPT  1/true/on/yes (the default) or 0/false/off/no: route PyTorch's convolutions through
                            the cache while CUDNN_CACHE_PATH is set, and under python -m cudnn_cache.run
     CUDNN_CACHE_LOG        off (the default), info or debug
+    CUDNN_CACHE_PLAN_CACHE_LIMIT  the most execution plans kept in memory: a non-negative integer (default
+                           10000; 0: no bound); read by the C++ runtime, checked here
     CUDNN_CACHE_LIBRARY    the ops library to load instead of the package's own (_library.py)
     CUDNN_CACHE_BUILD_DIR  where a source checkout's ops library is, when the package has none (default build)
 
@@ -22,6 +24,7 @@ from typing import NoReturn, Optional
 INTERCEPT = "CUDNN_CACHE_INTERCEPT"
 LOG = "CUDNN_CACHE_LOG"
 LIBRARY = "CUDNN_CACHE_LIBRARY"
+PLAN_CACHE_LIMIT = "CUDNN_CACHE_PLAN_CACHE_LIMIT"
 
 _TRUE, _FALSE = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
 LOG_LEVELS = ("off", "info", "debug")
@@ -52,3 +55,15 @@ def log_level() -> Optional[str]:
     if value not in LOG_LEVELS:
         refuse(LOG, value, "use off, info (loads, saves, prepare) or debug (also every hit, miss, tune and plan)")
     return value
+
+
+def plan_cache_limit() -> Optional[int]:
+    """CUDNN_CACHE_PLAN_CACHE_LIMIT: None when unset or empty, else a non-negative integer that fits 64 bits,
+    as the C++ runtime reads it."""
+    value = os.environ.get(PLAN_CACHE_LIMIT, "")
+    if value == "":
+        return None
+    if not (value.isascii() and value.isdigit()) or int(value) >= 2**64:
+        refuse(PLAN_CACHE_LIMIT, value, "use a non-negative integer: the most execution plans kept in memory "
+                                        "(default 10000; 0 keeps every plan)")
+    return int(value)

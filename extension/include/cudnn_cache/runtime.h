@@ -103,6 +103,7 @@ struct Stats {
   std::uint64_t plan_build_us = 0;  // time spent building them, in microseconds
   std::uint64_t plans_deserialized = 0;  // plans restored from a stored plan instead (Note [Stored plans])
   std::uint64_t plan_rebuilds = 0;       // stored plans this process could not load, so built from the config
+  std::uint64_t plan_evictions = 0;      // plans (or refusals) evicted from the plan cache by its limit
   std::uint64_t capture_misses = 0;      // misses under the tune policy while capturing a CUDA graph: run on
                                          // heuristics and recorded, tuned by the next call outside a capture
 };
@@ -202,6 +203,12 @@ class Runtime {
   // How later graph-API searches time candidates. Throws Error naming a field out of range.
   void set_search_options(const GraphSearchOptions& options);
   GraphSearchOptions search_options() const;
+
+  // At most how many execution plans the plan cache keeps (0: no bound), evicting the least recently used
+  // (Note [Plan cache]); 10000 by default, or the CUDNN_CACHE_PLAN_CACHE_LIMIT environment variable's value
+  // when the runtime starts. A lower limit takes effect at the next plan stored.
+  void set_plan_cache_limit(std::size_t limit);
+  std::size_t plan_cache_limit() const;
 
   Stats stats() const;
   void reset_stats();

@@ -1,0 +1,150 @@
+// The plan cache's limit and eviction (Note [Plan cache]). Without a GPU no plan builds, so each slot holds
+// cuDNN's refusal, stored and looked up exactly as a plan is; tests/gpu/ runs real plans.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "cudnn_cache/runtime.h"
+#include "plan_cache.h"
+
+using namespace cudnn_cache;
+
+namespace {
+
+// The forward key of a 3x3 convolution of batch `batch`: one distinct key per batch size.
+ConvolutionKey key_of_batch(std::int64_t batch) {
+  return make_convolution_key(
+      Direction::forward, make_tensor_key(CUDNN_DATA_HALF, {batch, 16, 8, 8}, Layout::nhwc),
+      make_filter_key(CUDNN_DATA_HALF, {16, 16, 3, 3}, Layout::nhwc),
+      make_tensor_key(CUDNN_DATA_HALF, {batch, 16, 8, 8}, Layout::nhwc),
+      make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT,
+                                      CUDNN_TENSOR_OP_MATH));
+}
+
+EngineCandidate config_of_engine(std::int64_t engine) {
+  EngineCandidate config;
+  config.engine_id = engine;
+  return config;
+}
+
+// A plan cache of its own, with slot i (i >= 1) the refusal of engine 0 for the key of batch i.
+struct Plans {
+  PlanCache cache{Runtime::instance()};
+  PlanStore stored;
+
+  PlanCache::Entry get(std::int64_t slot) {
+    return cache.get(nullptr, 0, key_of_batch(slot), config_of_engine(0), stored, false);
+  }
+  bool holds(std::int64_t slot) const { return cache.contains(0, key_of_batch(slot), config_of_engine(0)); }
+};
+
+}  // namespace
+
+TEST_CASE("the plan cache keeps at most its limit, evicting in batches down to 90%", "[plan_cache]") {
+  Plans plans;
+  CHECK(plans.cache.limit() == PlanCache::kDefaultLimit);
+  plans.cache.set_limit(20);
+  for (std::int64_t slot = 1; slot <= 20; ++slot) {
+    const PlanCache::Entry entry = plans.get(slot);
+    CHECK_FALSE(entry.plan);
+    REQUIRE(entry.refusal);
+    CHECK_FALSE(entry.refusal->empty());
+  }
+  CHECK(plans.cache.size() == 20);
+  CHECK(plans.cache.plan_evictions == 0);
+  plans.get(21);  // over the limit: a sweep down to 18
+  CHECK(plans.cache.size() == 18);
+  CHECK(plans.cache.plan_evictions == 3);
+  for (std::int64_t slot = 22; slot <= 200; ++slot) {
+    plans.get(slot);
+    REQUIRE(plans.cache.size() <= 20);
+  }
+  CHECK(plans.cache.plan_evictions == 200 - plans.cache.size());
+  CHECK(plans.holds(200));  // the entry just inserted is never evicted
+}
+
+TEST_CASE("an entry hit since the last sweep survives the next, when unused ones can go instead",
+          "[plan_cache]") {
+  Plans plans;
+  plans.cache.set_limit(100);
+  for (std::int64_t slot = 1; slot <= 101; ++slot) plans.get(slot);  // the 101st sweeps down to 90
+  REQUIRE(plans.cache.size() == 90);
+  // The even slots still cached are hit: they must outlive the next sweep, which evicts 11 of the 45 or so
+  // odd ones, unused since the last sweep. A policy blind to hits would evict about half of its 11 among them.
+  std::vector<std::int64_t> hit;
+  for (std::int64_t slot = 2; slot <= 100; slot += 2) {
+    if (plans.holds(slot)) hit.push_back(slot);
+  }
+  REQUIRE(hit.size() >= 39);
+  for (const std::int64_t slot : hit) plans.get(slot);
+  REQUIRE(plans.cache.size() == 90);
+  for (std::int64_t slot = 1001; slot <= 1011; ++slot) plans.get(slot);  // the 11th sweeps
+  REQUIRE(plans.cache.plan_evictions == 22);
+  REQUIRE(plans.cache.size() == 90);
+  for (const std::int64_t slot : hit) CHECK(plans.holds(slot));
+  CHECK(plans.holds(1011));
+}
+
+TEST_CASE("a plan cache without a limit never evicts, and a lower limit applies at the next insert",
+          "[plan_cache]") {
+  Plans plans;
+  plans.cache.set_limit(0);
+  for (std::int64_t slot = 1; slot <= 300; ++slot) plans.get(slot);
+  CHECK(plans.cache.size() == 300);
+  CHECK(plans.cache.plan_evictions == 0);
+
+  plans.cache.set_limit(50);
+  CHECK(plans.cache.size() == 300);  // nothing is evicted until something is stored
+  plans.get(5);                      // a hit stores nothing
+  CHECK(plans.cache.size() == 300);
+  plans.get(301);
+  CHECK(plans.cache.size() == 45);
+  CHECK(plans.cache.plan_evictions == 301 - 45);
+}
+
+TEST_CASE("threads share the plan cache while its limit evicts", "[plan_cache][concurrency]") {
+  Plans plans;
+  plans.cache.set_limit(40);
+  constexpr int kThreads = 4;
+  constexpr std::int64_t kSlots = 120;  // three times the limit: most lookups miss, so sweeps run all along
+  std::atomic<bool> over_limit{false}, refusal_missing{false}, done{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Overlapping walks: each thread visits every slot, from its own start and with its own stride.
+      for (std::int64_t i = 0; i < 1500; ++i) {
+        const std::int64_t slot = 1 + (t * 31 + i * (t + 1)) % kSlots;
+        const PlanCache::Entry entry = plans.get(slot);
+        if (!entry.refusal || entry.refusal->empty()) refusal_missing = true;
+        if (plans.cache.size() > plans.cache.limit()) over_limit = true;
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    while (!done) {
+      if (plans.cache.size() > 40) over_limit = true;
+    }
+  });
+  for (int t = 0; t < kThreads; ++t) threads[t].join();
+  done = true;
+  threads.back().join();
+  CHECK_FALSE(over_limit);
+  CHECK_FALSE(refusal_missing);
+  CHECK(plans.cache.size() <= 40);
+  CHECK(plans.cache.plan_evictions > 0);
+}
+
+TEST_CASE("the runtime sets the plan cache's limit and counts its evictions", "[plan_cache][runtime]") {
+  Runtime& runtime = Runtime::instance();
+  const std::size_t before = runtime.plan_cache_limit();
+  runtime.set_plan_cache_limit(123);
+  CHECK(runtime.plan_cache_limit() == 123);
+  runtime.set_plan_cache_limit(before);
+  CHECK(runtime.stats().plan_evictions == 0);  // no graph-API call ran in this process
+  runtime.reset_stats();
+  CHECK(runtime.stats().plan_evictions == 0);
+}
