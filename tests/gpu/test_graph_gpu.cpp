@@ -494,68 +494,110 @@ TEST_CASE("both backends count fallbacks the same way: a cached candidate passed
   check_matches_legacy(handle.handle, key, operands, problems()[1].tolerance);
 }
 
+namespace {
+
+// One key of a concurrency test: its tolerance and what one thread computed for it.
+struct Expected {
+  ConvolutionKey key;
+  double tolerance;
+  std::vector<double> values;
+};
+
+// Tunes each key (the way the problem's own direction runs) on one thread and reads what it computes from the
+// operands of seed 7.
+std::vector<Expected> expected_by_one_thread(Runtime& runtime, const std::vector<Problem>& problems) {
+  std::vector<Expected> expected;
+  Handle handle;
+  for (const Problem& problem : problems) {
+    for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+      ConvolutionKey key = problem.key;
+      key.direction = static_cast<std::int32_t>(direction);
+      std::mt19937 random(7);
+      Operands reference(key, random);
+      run_graph(runtime, handle.handle, key, reference.buffers());
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      expected.push_back({key, problem.tolerance, reference.written->read()});
+    }
+  }
+  return expected;
+}
+
+// Starts `threads` threads together, each with its own handle and non-blocking stream; thread t runs key
+// `keys[t % keys.size()]` `iterations` times on the operands of seed 7, then its output is checked against what
+// one thread computed.
+void check_threads_compute_what_one_thread_computes(Runtime& runtime, const std::vector<Expected>& keys,
+                                                    int threads, int iterations) {
+  std::vector<std::vector<double>> results(threads);
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;  // Catch2 is not thread-safe: threads report here
+  std::atomic<int> ready{0};
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t) {
+    running.emplace_back([&, t] {
+      cudnnHandle_t handle = nullptr;
+      cudaStream_t stream = nullptr;
+      try {
+        const ConvolutionKey& key = keys[t % keys.size()].key;
+        CUDNN_CACHE_REQUIRE(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+        CUDNN_CACHE_CHECK(cudnnCreate(&handle));
+        CUDNN_CACHE_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, "stream");
+        CUDNN_CACHE_CHECK(cudnnSetStream(handle, stream));
+        std::mt19937 random(7);
+        Operands operands(key, random);  // the reference's inputs
+        ++ready;
+        while (ready.load() < threads) std::this_thread::yield();  // start together
+        for (int i = 0; i < iterations; ++i) run_graph(runtime, handle, key, operands.buffers());
+        CUDNN_CACHE_REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess, "synchronize");
+        results[t] = operands.written->read();
+      } catch (const std::exception& e) {
+        ++ready;
+        const std::lock_guard lock(failures_mutex);
+        failures.push_back(e.what());
+      }
+      if (handle != nullptr) cudnnDestroy(handle);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    });
+  }
+  for (std::thread& thread : running) thread.join();
+  CHECK(failures.empty());
+  for (const std::string& failure : failures) WARN(failure);
+  for (int t = 0; t < threads; ++t) {
+    const Expected& expected = keys[t % keys.size()];
+    INFO("thread " << t << ": " << expected.key);
+    REQUIRE(results[t].size() == expected.values.size());
+    CHECK(relative_difference(results[t], expected.values) <= expected.tolerance);
+  }
+}
+
+}  // namespace
+
 // Issue 15, item 4: the plan cache shares one execution plan per key and config between threads (and handles),
 // where PyTorch keeps its plans thread-local. This runs the same keys from many threads at once, each with its own
 // handle and stream, and compares every thread's result with one thread's.
 TEST_CASE("threads on their own streams run the same keys at once and compute what one thread computes",
           "[gpu][graph][runtime][threads]") {
-  constexpr int kThreads = 8;
-  constexpr int kIterations = 25;
   Runtime& runtime = Runtime::instance();
-  for (const Problem& problem : {problems()[0], problems()[1]}) {
-    for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
-      ConvolutionKey key = problem.key;
-      key.direction = static_cast<std::int32_t>(direction);
-      INFO(problem.name << ": " << key);
-      std::mt19937 reference_random(7);
-      Operands reference(key, reference_random);
-      {
-        Handle handle;
-        run_graph(runtime, handle.handle, key, reference.buffers());  // tunes the key: the threads then hit
-      }
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      const std::vector<double> expected = reference.written->read();
-
-      std::vector<std::vector<double>> results(kThreads);
-      std::mutex failures_mutex;
-      std::vector<std::string> failures;  // Catch2 is not thread-safe: threads report here
-      std::atomic<int> ready{0};
-      std::vector<std::thread> threads;
-      for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-          cudnnHandle_t handle = nullptr;
-          cudaStream_t stream = nullptr;
-          try {
-            CUDNN_CACHE_REQUIRE(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
-            CUDNN_CACHE_CHECK(cudnnCreate(&handle));
-            CUDNN_CACHE_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, "stream");
-            CUDNN_CACHE_CHECK(cudnnSetStream(handle, stream));
-            std::mt19937 random(7);
-            Operands operands(key, random);  // the reference's inputs
-            ++ready;
-            while (ready.load() < kThreads) std::this_thread::yield();  // start together
-            for (int i = 0; i < kIterations; ++i) run_graph(runtime, handle, key, operands.buffers());
-            CUDNN_CACHE_REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess, "synchronize");
-            results[t] = operands.written->read();
-          } catch (const std::exception& e) {
-            ++ready;
-            const std::lock_guard lock(failures_mutex);
-            failures.push_back(e.what());
-          }
-          if (handle != nullptr) cudnnDestroy(handle);
-          if (stream != nullptr) cudaStreamDestroy(stream);
-        });
-      }
-      for (std::thread& thread : threads) thread.join();
-      CHECK(failures.empty());
-      for (const std::string& failure : failures) WARN(failure);
-      for (int t = 0; t < kThreads; ++t) {
-        INFO("thread " << t);
-        REQUIRE(results[t].size() == expected.size());
-        CHECK(relative_difference(results[t], expected) <= problem.tolerance);
-      }
-    }
+  for (const Expected& key : expected_by_one_thread(runtime, {problems()[0], problems()[1]})) {
+    check_threads_compute_what_one_thread_computes(runtime, {key}, 8, 25);
   }
+}
+
+// Issue 17: with a plan cache of 2 entries and 6 keys run at once, every call can evict a plan another thread
+// is running; that thread's plan stays alive until its run ends, and the next call rebuilds it.
+TEST_CASE("threads running more keys than the plan cache holds evict each other's plans and compute the same",
+          "[gpu][graph][runtime][threads][plan_cache]") {
+  Runtime& runtime = Runtime::instance();
+  const std::vector<Expected> keys = expected_by_one_thread(runtime, {problems()[0], problems()[1]});
+  const std::size_t limit = runtime.plan_cache_limit();
+  runtime.set_plan_cache_limit(2);
+  const Stats before = runtime.stats();
+  check_threads_compute_what_one_thread_computes(runtime, keys, 12, 10);
+  runtime.set_plan_cache_limit(limit);
+  const Stats after = runtime.stats();
+  CHECK(after.plan_evictions > before.plan_evictions);
+  CHECK(after.plans_built > before.plans_built);  // evicted plans were built again
+  CHECK(after.hits == before.hits + 12 * 10);     // the rankings stayed: only plans were evicted
+  CHECK(after.misses == before.misses);
 }
 
 namespace {
