@@ -3,6 +3,7 @@ groups, stride and dilation, transposed or not, through the graph backend (the d
 determinism; warm start in a fresh process; the miss policies; query, fill and prepare; and a TorchScript
 model that trains. Every test is marked gpu (skipped without CUDA)."""
 
+import copy
 import subprocess
 import sys
 
@@ -570,3 +571,29 @@ def test_persistent_builds_the_plans_of_the_file_it_loads(child_env, tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr
     assert process.stdout.split() == ["3"]
+
+
+def test_a_plan_cache_smaller_than_the_model_evicts_and_trains_as_native():
+    # Four convolutions give 11 keys, each with its plan (the first has no input gradient); with room for 3 plans,
+    # every call after the first step finds its plan evicted, builds it again and evicts another, without
+    # changing what is computed.
+    torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags
+    torch.manual_seed(0)
+    native = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2),
+                           nn.ReLU(), nn.Conv2d(16, 16, 1), nn.ReLU(), nn.Conv2d(16, 4, 3, dilation=2)).cuda()
+    ours = cudnn_cache.convert(copy.deepcopy(native))
+    x = randn(4, 3, 20, 20)
+    cudnn_cache.set_plan_cache_limit(3)  # restored by cache_state
+    for step in range(3):  # the first step tunes, the later ones hit
+        if step == 1:
+            before = cudnn_cache.stats()
+        for model in (ours, native):
+            model.zero_grad()
+            model(x).square().mean().backward()
+        for (name, ours_p), native_p in zip(ours.named_parameters(), native.parameters()):
+            assert_close_scaled(ours_p.grad, native_p.grad, TOLERANCE[torch.float32], f"step {step}: {name}.grad")
+    after = cudnn_cache.stats()
+    keys = 11
+    assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 2 * keys, after
+    assert after["plan_evictions"] >= before["plan_evictions"] + 2 * keys, after
+    assert after["plans_built"] >= before["plans_built"] + 2 * keys, after
