@@ -47,6 +47,13 @@ void PlanCache::adopt(int device, const ConvolutionKey& key, const EngineCandida
   insert(Slot{device, key, config}, Entry{std::move(plan), nullptr});
 }
 
+void PlanCache::set_limit(std::size_t limit) {
+  std::vector<std::shared_ptr<const GraphPlan>> evicted;  // declared first: destroyed after the lock is released
+  std::unique_lock lock(mutex_);
+  limit_.store(limit, std::memory_order_relaxed);
+  sweep(entries_.end(), evicted);
+}
+
 std::size_t PlanCache::size() const {
   std::shared_lock lock(mutex_);
   return entries_.size();

@@ -60,9 +60,9 @@ class PlanCache {
   void adopt(int device, const ConvolutionKey& key, const EngineCandidate& config,
              std::shared_ptr<const GraphPlan> plan, PlanStore& stored);
 
-  // At most how many entries are kept (0: no bound); see Note [Plan cache]. A lower limit evicts at the next
-  // insert.
-  void set_limit(std::size_t limit) { limit_.store(limit, std::memory_order_relaxed); }
+  // At most how many entries are kept (0: no bound); see Note [Plan cache]. A lower limit evicts at once, as
+  // an insert over it would.
+  void set_limit(std::size_t limit);
   std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
   // How many entries are kept now.
   std::size_t size() const;
@@ -105,7 +105,7 @@ class PlanCache {
 
   // Stores `made` unless another thread stored the slot first, then sweeps if over the limit; the entry kept.
   Entry insert(const Slot& slot, Entry made);
-  // Evicts entries down to 90% of the limit, never `inserted`; the evicted plans are moved to `evicted`, for
+  // Evicts entries down to 90% of the limit, never `inserted` (end(): any may go); the evicted plans are moved to `evicted`, for
   // the caller to destroy outside the lock. The caller holds the exclusive lock.
   void sweep(Entries::const_iterator inserted, std::vector<std::shared_ptr<const GraphPlan>>& evicted);
 

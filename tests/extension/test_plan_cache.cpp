@@ -89,21 +89,21 @@ TEST_CASE("an entry hit since the last sweep survives the next, when unused ones
   CHECK(plans.holds(1011));
 }
 
-TEST_CASE("a plan cache without a limit never evicts, and a lower limit applies at the next insert",
-          "[plan_cache]") {
+TEST_CASE("a plan cache without a limit never evicts, and a lower limit evicts at once", "[plan_cache]") {
   Plans plans;
   plans.cache.set_limit(0);
   for (std::int64_t slot = 1; slot <= 300; ++slot) plans.get(slot);
   CHECK(plans.cache.size() == 300);
   CHECK(plans.cache.plan_evictions == 0);
 
-  plans.cache.set_limit(50);
-  CHECK(plans.cache.size() == 300);  // nothing is evicted until something is stored
-  plans.get(5);                      // a hit stores nothing
+  plans.cache.set_limit(300);  // not over it: nothing goes
   CHECK(plans.cache.size() == 300);
-  plans.get(301);
+  plans.cache.set_limit(50);
   CHECK(plans.cache.size() == 45);
-  CHECK(plans.cache.plan_evictions == 301 - 45);
+  CHECK(plans.cache.plan_evictions == 300 - 45);
+  plans.get(301);  // under the limit again: nothing more goes
+  CHECK(plans.cache.size() == 46);
+  CHECK(plans.cache.plan_evictions == 300 - 45);
 }
 
 TEST_CASE("threads share the plan cache while its limit evicts", "[plan_cache][concurrency]") {

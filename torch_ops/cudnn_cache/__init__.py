@@ -133,7 +133,7 @@ def set_plan_cache_limit(limit: int) -> None:
     """At most how many graph-API execution plans are kept in memory (default 10000, as PyTorch's own cuDNN
     plan cache; 0: no bound); past it, the least recently used are evicted and rebuilt if needed again
     (stats()['plan_evictions'] counts them). CUDNN_CACHE_PLAN_CACHE_LIMIT sets it at start. A lower limit
-    takes effect at the next plan stored; a negative one raises RuntimeError and the limit stays."""
+    evicts at once (down to 90% of it, as any sweep); a negative one raises RuntimeError and the limit stays."""
     _ops.set_plan_cache_limit(limit)
 
 

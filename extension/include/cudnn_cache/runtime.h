@@ -206,7 +206,7 @@ class Runtime {
 
   // At most how many execution plans the plan cache keeps (0: no bound), evicting the least recently used
   // (Note [Plan cache]); 10000 by default, or the CUDNN_CACHE_PLAN_CACHE_LIMIT environment variable's value
-  // when the runtime starts. A lower limit takes effect at the next plan stored.
+  // when the runtime starts. A lower limit evicts down to 90% of it at once.
   void set_plan_cache_limit(std::size_t limit);
   std::size_t plan_cache_limit() const;
 
