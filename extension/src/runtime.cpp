@@ -19,6 +19,7 @@
 #include "cudnn_cache/error.h"
 #include "elapsed.h"
 #include "handle_pool.h"
+#include "in_flight.h"
 #include "plan_cache.h"
 
 namespace cudnn_cache {
@@ -123,6 +124,7 @@ Runtime& Runtime::instance() {
 
 Runtime::Runtime()
     : plans_(std::make_unique<PlanCache>(*this)),
+      searching_(std::make_unique<InFlight>()),
       backend_(graph_backend_available() ? Backend::graph : Backend::legacy) {
   if (const char* level = std::getenv("CUDNN_CACHE_LOG"); level != nullptr && *level != '\0') {
     try {
@@ -211,13 +213,14 @@ Stats Runtime::stats() const {
           plans_->plans_deserialized.load(),
           plans_->plan_rebuilds.load(),
           plans_->plan_evictions.load(),
-          capture_misses_.load()};
+          capture_misses_.load(),
+          tune_waits_.load()};
 }
 
 void Runtime::reset_stats() {
   for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
                         &plans_->plans_deserialized, &plans_->plan_rebuilds, &plans_->plan_evictions,
-                        &capture_misses_}) {
+                        &capture_misses_, &tune_waits_}) {
     *counter = 0;
   }
 }
@@ -339,7 +342,7 @@ Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, cons
 }
 
 // The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
-// (tune), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
+// (tune; one at a time per key, Note [One search per key]), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
 // Under the record policy the miss is also remembered, as a miss of the device's cache of the backend. A miss
 // under the tune policy while the stream captures a CUDA graph is a record miss, counted in capture_misses:
 // nothing may be timed during a capture (Note [Running a cached convolution]).
@@ -387,8 +390,14 @@ std::shared_ptr<const Ranking<Traits>> Runtime::lookup(cudnnHandle_t handle, int
   }
   if (policy == MissPolicy::record) record_miss(origin, Chosen::backend, key);
   if (policy == MissPolicy::tune) {
-    ranking = std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate));
-    cache.insert(key, *ranking);
+    const bool searched = searching_->run_once(&cache, key, [&] {
+      ranking = std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate));
+      cache.insert(key, *ranking);
+    });
+    if (!searched) {  // another thread searched it meanwhile (null if the cache was cleared since)
+      ++tune_waits_;
+      ranking = cache.find(key);
+    }
   }
   return ranking;
 }

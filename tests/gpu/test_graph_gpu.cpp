@@ -600,6 +600,24 @@ TEST_CASE("threads running more keys than the plan cache holds evict each other'
   CHECK(after.misses == before.misses);
 }
 
+// Note [One search per key]: threads that miss one key at once search it once; the others wait for that search
+// and run what it stored.
+TEST_CASE("threads that miss one key at once search it once and compute what one thread computes",
+          "[gpu][graph][runtime][threads]") {
+  Runtime& runtime = Runtime::instance();
+  REQUIRE(runtime.miss_policy() == MissPolicy::tune);
+  const Expected forward = expected_by_one_thread(runtime, {problems()[1]}).front();
+  runtime.caches_for_device(0).graph_forward.erase(forward.key);
+  const Stats before = runtime.stats();
+  check_threads_compute_what_one_thread_computes(runtime, {forward}, 8, 1);
+  const Stats after = runtime.stats();
+  CHECK(after.tunes == before.tunes + 1);
+  const std::uint64_t misses = after.misses - before.misses;
+  CHECK(misses + (after.hits - before.hits) == 8);  // a thread that came after the search ended hit
+  CHECK(misses >= 2);                               // the search takes far longer than the threads' start
+  CHECK(after.tune_waits == before.tune_waits + misses - 1);
+}
+
 namespace {
 
 GraphSearchOptions only_heuristics(int max_candidates) {

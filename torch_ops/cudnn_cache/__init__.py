@@ -234,7 +234,8 @@ def stats() -> Dict[str, int]:
     """Counters since start (or reset_stats): hits, misses, tunes, fallbacks; tune_us (time spent tuning);
     plans_built and plan_build_us (graph-API execution plans built, and the time it took); plans_deserialized
     and plan_rebuilds (stored plans restored, and those rebuilt instead); plan_evictions (plans evicted by
-    the plan cache's limit); capture_misses; and entries now cached."""
+    the plan cache's limit); capture_misses; tune_waits (misses that waited for another thread's search of
+    the same key instead of searching it again); and entries now cached."""
     return dict(_ops.stats())
 
 

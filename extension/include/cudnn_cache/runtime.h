@@ -106,6 +106,8 @@ struct Stats {
   std::uint64_t plan_evictions = 0;      // plans (or refusals) evicted from the plan cache by its limit
   std::uint64_t capture_misses = 0;      // misses under the tune policy while capturing a CUDA graph: run on
                                          // heuristics and recorded, tuned by the next call outside a capture
+  std::uint64_t tune_waits = 0;  // misses that waited for another thread's search of their key instead of
+                                 // searching it again (Note [One search per key])
 };
 
 // What Runtime::prepare did.
@@ -182,6 +184,7 @@ struct GraphSearchOptions {
 };
 
 class PlanCache;
+class InFlight;
 
 class Runtime {
  public:
@@ -292,12 +295,14 @@ class Runtime {
 
   CacheStore store_;
   std::unique_ptr<PlanCache> plans_;
+  std::unique_ptr<InFlight> searching_;  // the keys being searched now (Note [One search per key])
   std::atomic<MissPolicy> miss_policy_{MissPolicy::tune};
   std::atomic<Backend> backend_;
   GraphSearchOptions search_options_;  // guarded by mutex_
   std::atomic<LogLevel> log_level_{LogLevel::off};
   std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
-  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0};
+  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
+      tune_waits_{0};
   std::atomic<bool> warned_{false};
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
