@@ -10,6 +10,7 @@
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
 #include "graph_internal.h"
+#include "paired_timing.h"
 
 namespace cudnn_cache {
 namespace {
@@ -62,9 +63,10 @@ class EngineSearch {
 
   // Times the fastest `count` configs and the first one timed (heuristics' first pick, which native
   // benchmark=False runs) again, together: `repetitions` interleaved rounds, so drift in clocks or temperature
-  // affects each alike, and their medians replace the first ones. A config that wins the first pass by less
-  // than the noise of one measurement won it by luck as often as not; the second, paired measurement decides.
-  // Without memory for the largest workspace, the first timings stand.
+  // affects each alike. A config that wins the first pass by less than the noise of one measurement won it by
+  // luck as often as not; the paired rounds decide, and a challenger leads native's pick only where they show
+  // it faster (Note [Never slower than native's pick]). Without memory for the largest workspace, or if a
+  // finalist fails to run now, the first timings stand.
   void confirm(int count) {
     std::vector<std::size_t> finalists = order();
     finalists.resize(std::min<std::size_t>(finalists.size(), static_cast<std::size_t>(std::max(count, 0))));
@@ -86,7 +88,7 @@ class EngineSearch {
         times[f].push_back(run.front());
       }
     }
-    for (std::size_t f = 0; f < finalists.size(); ++f) configs_[finalists[f]].time_ms = median(times[f]);
+    settle_against_native(configs_, 0, finalists, times);
   }
 
   // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the graph index of

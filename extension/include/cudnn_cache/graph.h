@@ -32,7 +32,8 @@
 //      timed again together in `repetitions` interleaved rounds, and their medians replace the first ones.
 //      Many configs lie within a few per cent of each other, and the fastest of a dozen medians taken one
 //      after another is the luckiest as often as the best: a paired second measurement removes that bias,
-//      the way audit_engine_choice measures. The rest keep their first medians, which were slower.
+//      the way audit_engine_choice measures. A challenger ranks before heuristics' first pick only where the
+//      rounds show it faster (Note [Never slower than native's pick], paired_timing.h); the rest go behind it.
 //
 // Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs,
 // then the median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing

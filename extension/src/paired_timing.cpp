@@ -1,0 +1,70 @@
+#include "paired_timing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cudnn_cache/error.h"
+
+namespace cudnn_cache {
+namespace {
+
+float median_of(std::vector<float> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+// One float step behind `ms`: ranks after it, and differs from it by as little as a time can.
+float just_after(float ms) { return std::nextafter(ms, std::numeric_limits<float>::infinity()); }
+
+}  // namespace
+
+bool median_below_one(std::vector<float> ratios) {
+  // The k-th largest of n values bounds the median from above with confidence 1 - P(Binomial(n, 1/2) < k): the
+  // median is above it only if fewer than k values are. Take the largest k whose bound holds with 95%.
+  const std::size_t n = ratios.size();
+  double below = 0.0;      // P(B < k), growing with k
+  double choose = 1.0;     // C(n, k - 1)
+  const double all = std::ldexp(1.0, static_cast<int>(n));  // 2^n
+  std::size_t k = 0;
+  for (std::size_t next = 1; next <= n; ++next) {
+    below += choose / all;  // adds P(B = next - 1)
+    if (below > 0.05) break;
+    k = next;
+    choose = choose * static_cast<double>(n - next + 1) / static_cast<double>(next);
+  }
+  if (k == 0) return false;
+  std::sort(ratios.begin(), ratios.end());
+  return ratios[n - k] < 1.0f;
+}
+
+void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t native,
+                           const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds) {
+  CUDNN_CACHE_REQUIRE(finalists.size() == rounds.size() && native < configs.size(), "settle_against_native: ",
+                      finalists.size(), " finalists for ", rounds.size(), " rounds, native at ", native, " of ",
+                      configs.size());
+  const auto native_finalist = std::find(finalists.begin(), finalists.end(), native);
+  CUDNN_CACHE_REQUIRE(native_finalist != finalists.end(), "settle_against_native: native's pick was not timed");
+  const std::vector<float>& native_rounds = rounds[native_finalist - finalists.begin()];
+  const float native_ms = median_of(native_rounds);
+  std::vector<bool> settled(configs.size(), false);
+  for (std::size_t f = 0; f < finalists.size(); ++f) {
+    EngineCandidate& config = configs[finalists[f]];
+    settled[finalists[f]] = true;
+    if (finalists[f] == native) {
+      config.time_ms = native_ms;
+      continue;
+    }
+    CUDNN_CACHE_REQUIRE(rounds[f].size() == native_rounds.size(), "settle_against_native: finalist ", f, " has ",
+                        rounds[f].size(), " rounds, native's pick ", native_rounds.size());
+    std::vector<float> ratios(rounds[f].size());
+    for (std::size_t r = 0; r < ratios.size(); ++r) ratios[r] = rounds[f][r] / native_rounds[r];
+    config.time_ms = median_below_one(ratios) ? native_ms * median_of(ratios)
+                                              : std::max(median_of(rounds[f]), just_after(native_ms));
+  }
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    if (!settled[i] && configs[i].time_ms <= native_ms) configs[i].time_ms = just_after(native_ms);
+  }
+}
+
+}  // namespace cudnn_cache

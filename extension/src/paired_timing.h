@@ -1,0 +1,34 @@
+#pragma once
+
+// Note [Never slower than native's pick]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A search's last step times its finalists and heuristics' first pick (the config native benchmark=False
+// runs) together, in interleaved rounds (Note [Engine configs]). A challenger takes the lead from native's pick
+// only when those rounds show it faster: the median of its per-round ratios to native's pick is below 1 with 95%
+// confidence (a sign test: distribution-free, so it holds for whatever noise the key has; with 7 rounds it
+// means faster in every round, with 10 in all but one). Otherwise it is recorded as no faster than native's
+// pick, one float step behind it, and native's pick stays first. So a stored choice is never slower than native's
+// by chance, and near-ties resolve to native's pick in every run and on every rank. Configs that were not in
+// the rounds (slower in the first pass) have no paired evidence either, and go behind native's pick too.
+//
+// Times after the rounds: native's pick gets the median of its rounds; a challenger shown faster gets that
+// times its median ratio (the paired estimate, below native's time); one not shown faster gets the later of its
+// own median and one step behind native's.
+
+#include <cstddef>
+#include <vector>
+
+#include "cudnn_cache/graph.h"
+
+namespace cudnn_cache {
+
+// Whether the median of `ratios` is below 1 with 95% confidence, by the sign test: false with fewer than 5
+// values, which cannot show it.
+bool median_below_one(std::vector<float> ratios);
+
+// Sets the times of `configs` from the rounds in which the configs at `finalists` (positions in configs, one
+// of them `native`) were timed together: rounds[f][r] is finalist f's time in round r. See the Note.
+void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t native,
+                           const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds);
+
+}  // namespace cudnn_cache

@@ -1,0 +1,92 @@
+// Note [Never slower than native's pick]: the sign test that decides whether a challenger leads heuristics'
+// first pick, and the times a search's configs get from their paired rounds.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cudnn_cache/perf_cache.h"
+#include "paired_timing.h"
+
+using namespace cudnn_cache;
+
+namespace {
+
+EngineCandidate config(std::int64_t engine, float time_ms, std::uint64_t workspace = 0) {
+  EngineCandidate candidate;
+  candidate.engine_id = engine;
+  candidate.time_ms = time_ms;
+  candidate.workspace_bytes = workspace;
+  return candidate;
+}
+
+// The engines of `configs` in the order a ranking of them holds.
+std::vector<std::int64_t> ranked_engines(const std::vector<EngineCandidate>& configs) {
+  std::vector<std::int64_t> engines;
+  for (const EngineCandidate& candidate : Ranking<GraphForwardTraits>::of(configs.begin(), configs.end())) {
+    engines.push_back(candidate.engine_id);
+  }
+  return engines;
+}
+
+float after(float ms) { return std::nextafter(ms, std::numeric_limits<float>::infinity()); }
+
+}  // namespace
+
+TEST_CASE("the sign test shows a median below 1 only with enough rounds below 1", "[paired_timing]") {
+  CHECK_FALSE(median_below_one({}));
+  CHECK_FALSE(median_below_one({0.5f, 0.5f, 0.5f, 0.5f}));        // 4 rounds cannot show it at 95%
+  CHECK(median_below_one({0.9f, 0.8f, 0.95f, 0.9f, 0.99f}));       // 5 of 5
+  CHECK(median_below_one({0.9f, 0.8f, 0.95f, 0.9f, 0.99f, 0.97f, 0.9f}));
+  CHECK_FALSE(median_below_one({0.9f, 0.8f, 0.95f, 0.9f, 0.99f, 0.97f, 1.01f}));  // 7 rounds: every one
+  CHECK_FALSE(median_below_one({0.9f, 0.8f, 0.95f, 0.9f, 1.0f, 0.97f, 0.9f}));    // a tie is not faster
+  // 10 rounds: all but one below
+  std::vector<float> ten(10, 0.97f);
+  ten[3] = 1.2f;
+  CHECK(median_below_one(ten));
+  ten[6] = 1.1f;
+  CHECK_FALSE(median_below_one(ten));
+}
+
+TEST_CASE("a challenger faster in the paired rounds leads native's pick, at native's time times its ratio",
+          "[paired_timing]") {
+  // Position 0 is heuristics' first pick (native's); 1 and 2 are challengers, 3 a slower config not in the rounds.
+  std::vector<EngineCandidate> configs{config(10, 1.00f), config(20, 0.90f), config(30, 0.95f), config(40, 1.30f)};
+  const std::vector<std::vector<float>> rounds{
+      {1.00f, 1.02f, 0.98f, 1.00f, 1.01f, 0.99f, 1.00f},   // native's pick
+      {0.90f, 0.91f, 0.89f, 0.92f, 0.90f, 0.88f, 0.90f},   // faster in every round
+      {0.97f, 1.03f, 0.96f, 0.99f, 1.00f, 0.98f, 0.97f}};  // within the noise
+  settle_against_native(configs, 0, {0, 1, 2}, rounds);
+  CHECK(configs[0].time_ms == 1.00f);                                     // native's median
+  CHECK(configs[1].time_ms == Approx(1.00f * (0.90f / 1.00f)).epsilon(1e-6));  // native's x the median ratio
+  CHECK(configs[2].time_ms == after(1.00f));  // its own median, 0.98, is not shown faster: one step behind
+  CHECK(configs[3].time_ms == 1.30f);         // slower than native's pick already: as measured
+  CHECK(ranked_engines(configs) == std::vector<std::int64_t>{20, 10, 30, 40});
+}
+
+TEST_CASE("without a challenger shown faster, native's pick ranks first, whatever the first pass said",
+          "[paired_timing]") {
+  // The first pass had the challenger at 0.80 ms and an unpaired config at 0.85 ms, both ahead of native's
+  // 1.00 ms; the rounds do not bear the challenger out, and the other config was never paired.
+  std::vector<EngineCandidate> configs{config(10, 1.00f, 1 << 20), config(20, 0.80f), config(30, 0.85f),
+                                       config(40, 1.10f)};
+  const std::vector<std::vector<float>> rounds{{1.00f, 1.00f, 1.00f, 1.00f, 1.00f, 1.00f, 1.00f},
+                                               {0.99f, 1.01f, 0.99f, 1.01f, 0.99f, 1.01f, 0.99f}};
+  settle_against_native(configs, 0, {0, 1}, rounds);
+  CHECK(configs[1].time_ms == after(1.00f));
+  CHECK(configs[2].time_ms == after(1.00f));  // no paired evidence: behind native's pick
+  CHECK(configs[3].time_ms == 1.10f);
+  // Native's pick leads even with the largest workspace: nothing is tied with it.
+  CHECK(ranked_engines(configs).front() == 10);
+}
+
+TEST_CASE("settling refuses rounds that do not match the finalists", "[paired_timing]") {
+  std::vector<EngineCandidate> configs{config(10, 1.0f), config(20, 0.9f)};
+  CHECK_THROWS_WITH(settle_against_native(configs, 0, {1}, {{0.9f}}),
+                    Catch::Contains("native's pick was not timed"));
+  CHECK_THROWS_WITH(settle_against_native(configs, 0, {0, 1}, {{1.0f, 1.0f}, {0.9f}}),
+                    Catch::Contains("finalist 1 has 1 rounds, native's pick 2"));
+  CHECK_THROWS_WITH(settle_against_native(configs, 0, {0, 1}, {{1.0f}}), Catch::Contains("2 finalists for 1 rounds"));
+}
