@@ -108,6 +108,18 @@ def in_turn(items: List[str], round_index: int) -> List[str]:
     return items[shift:] + items[:shift]
 
 
+def device_of(parser, args, tool: str) -> Optional[torch.device]:
+    """The --device of a measuring tool with --rounds (host_cost.py, layer_time.py): refuses fewer than 6
+    rounds through the parser; None, having said why, where CUDA is asked for and there is none."""
+    if args.rounds < 6:
+        parser.error("--rounds must be >= 6: a 95% interval of a median needs 6 values")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{tool}: no CUDA GPU is visible; --device cpu runs the smoke test", file=sys.stderr)
+        return None
+    return device
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

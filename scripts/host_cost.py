@@ -30,8 +30,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import (OVERHEAD, TRAIN_INPUT, TRAIN_WEIGHT, WORKLOADS, in_turn, model_and_input,  # noqa: E402
-                         synchronize)
+from bench_cases import (OVERHEAD, TRAIN_INPUT, TRAIN_WEIGHT, WORKLOADS, device_of, in_turn,  # noqa: E402
+                         model_and_input, synchronize)
 from bench_stats import median_interval  # noqa: E402
 
 # The three cuDNN directions one at a time, and "backward": both gradients in one call, as a training step's
@@ -294,11 +294,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=("graph", "legacy"), default="graph")
     parser.add_argument("--json", type=pathlib.Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
-    if args.rounds < 6:
-        parser.error("--rounds must be >= 6: a 95% interval of a median needs 6 values")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("host_cost: no CUDA GPU is visible; --device cpu runs the smoke test", file=sys.stderr)
+    device = device_of(parser, args, "host_cost")
+    if device is None:
         return 2
     import cudnn_cache
 

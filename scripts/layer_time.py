@@ -42,7 +42,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import WORKLOADS, in_turn, initialise_libraries, model_and_input, synchronize  # noqa: E402
+from bench_cases import (WORKLOADS, device_of, in_turn, initialise_libraries, model_and_input,  # noqa: E402
+                         synchronize)
 from bench_stats import median_interval  # noqa: E402
 
 MODES = ("native", "tuned", "native_pick", "intercept")
@@ -196,7 +197,7 @@ def report(result: dict, top: int = 12) -> str:
     native = result["layers_us"]["native"]
     differences = sorted(((result["layers_us"]["tuned"].get(name, 0.0) - us, name) for name, us in native.items()),
                          reverse=True)
-    lines += ["", f"Layers whose host time differs most from native's (median µs): native, then each mode", "",
+    lines += ["", "Layers whose host time differs most from native's (median µs): native, then each mode", "",
               "| layer | kind | " + " | ".join(MODES) + " |", "|---|---|" + "---|" * len(MODES)]
     for _, name in differences[:top]:
         lines.append(f"| {name} | {result['layer_kinds'][name]} | " +
@@ -214,11 +215,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the result as JSON here")
     args = parser.parse_args(argv)
-    if args.rounds < 6:
-        parser.error("--rounds must be >= 6: a 95% interval of a median needs 6 values")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("layer_time: no CUDA GPU is visible; --device cpu runs the smoke test", file=sys.stderr)
+    device = device_of(parser, args, "layer_time")
+    if device is None:
         return 2
     with tempfile.TemporaryDirectory(prefix="layer_time-") as directory:
         result = measure(args.workload, device, args.native_mode, args.rounds, args.warmup, args.drain,

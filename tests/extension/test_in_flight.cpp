@@ -10,21 +10,13 @@
 #include <thread>
 #include <vector>
 
+#include "cache_fixtures.h"
 #include "cudnn_cache/key.h"
 #include "in_flight.h"
 
 using namespace cudnn_cache;
 
 namespace {
-
-ConvolutionKey key_of_batch(std::int64_t batch) {
-  return make_convolution_key(
-      Direction::forward, make_tensor_key(CUDNN_DATA_FLOAT, {batch, 8, 6, 6}, Layout::nchw),
-      make_filter_key(CUDNN_DATA_FLOAT, {8, 8, 3, 3}, Layout::nchw),
-      make_tensor_key(CUDNN_DATA_FLOAT, {batch, 8, 6, 6}, Layout::nchw),
-      make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT,
-                                      CUDNN_DEFAULT_MATH));
-}
 
 // Starts `threads` threads together on `body(t)`.
 template <typename Body>
@@ -53,7 +45,7 @@ TEST_CASE("threads asking for one key's work at once run it once, and the others
           "[in_flight][concurrency]") {
   InFlight in_flight;
   int cache = 0;
-  const ConvolutionKey key = key_of_batch(4);
+  const ConvolutionKey key = testing::conv_key(Direction::forward, 4);
   std::atomic<int> runs{0}, ran{0}, returned_after_the_work{0};
   std::atomic<bool> done{false};
   on_threads(8, [&](int) {
@@ -78,7 +70,7 @@ TEST_CASE("work for other keys, or for the same key of another cache, runs at th
   // start, which would deadlock if one slot's work blocked another's).
   std::atomic<int> started{0};
   on_threads(8, [&](int t) {
-    const ConvolutionKey key = key_of_batch(1 + t % 2);
+    const ConvolutionKey key = testing::conv_key(Direction::forward, 1 + t % 2);
     const bool ran_it = in_flight.run_once(&caches[(t / 2) % 2], key, [&] {
       ++runs;
       ++started;
@@ -95,7 +87,7 @@ TEST_CASE("the work's error reaches every thread that waited, and the next call 
           "[in_flight]") {
   InFlight in_flight;
   int cache = 0;
-  const ConvolutionKey key = key_of_batch(2);
+  const ConvolutionKey key = testing::conv_key(Direction::forward, 2);
   std::atomic<int> runs{0}, errors{0};
   on_threads(6, [&](int) {
     try {
@@ -116,7 +108,7 @@ TEST_CASE("the work's error reaches every thread that waited, and the next call 
 TEST_CASE("a key whose work ended runs it again on its next call", "[in_flight]") {
   InFlight in_flight;
   int cache = 0;
-  const ConvolutionKey key = key_of_batch(3);
+  const ConvolutionKey key = testing::conv_key(Direction::forward, 3);
   int runs = 0;
   CHECK(in_flight.run_once(&cache, key, [&] { ++runs; }));
   CHECK(in_flight.run_once(&cache, key, [&] { ++runs; }));

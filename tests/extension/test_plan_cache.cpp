@@ -8,22 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "cache_fixtures.h"
 #include "cudnn_cache/runtime.h"
 #include "plan_cache.h"
 
 using namespace cudnn_cache;
 
 namespace {
-
-// The forward key of a 3x3 convolution of batch `batch`: one distinct key per batch size.
-ConvolutionKey key_of_batch(std::int64_t batch) {
-  return make_convolution_key(
-      Direction::forward, make_tensor_key(CUDNN_DATA_HALF, {batch, 16, 8, 8}, Layout::nhwc),
-      make_filter_key(CUDNN_DATA_HALF, {16, 16, 3, 3}, Layout::nhwc),
-      make_tensor_key(CUDNN_DATA_HALF, {batch, 16, 8, 8}, Layout::nhwc),
-      make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT,
-                                      CUDNN_TENSOR_OP_MATH));
-}
 
 EngineCandidate config_of_engine(std::int64_t engine) {
   EngineCandidate config;
@@ -37,9 +28,9 @@ struct Plans {
   PlanStore stored;
 
   PlanCache::Entry get(std::int64_t slot) {
-    return cache.get(nullptr, 0, key_of_batch(slot), config_of_engine(0), stored, false);
+    return cache.get(nullptr, 0, testing::conv_key(Direction::forward, slot), config_of_engine(0), stored, false);
   }
-  bool holds(std::int64_t slot) const { return cache.contains(0, key_of_batch(slot), config_of_engine(0)); }
+  bool holds(std::int64_t slot) const { return cache.contains(0, testing::conv_key(Direction::forward, slot), config_of_engine(0)); }
 };
 
 }  // namespace
