@@ -42,10 +42,12 @@ class LegacyBackend {
 
   LegacyBackend(cudnnHandle_t handle, const ConvolutionKey& key) : handle_(handle), key_(key), descriptors_(key) {}
 
-  // cudnnFind*AlgorithmEx, with the largest workspace the allocator can give. It has no options to take.
+  // cudnnFind*AlgorithmEx, with the largest workspace the allocator can give, at most options'
+  // max_workspace_bytes (algorithms that need more then report an allocation failure, and are never run). Its
+  // other options are the graph API's.
   Ranking<Traits> search(const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
-                         const GraphSearchOptions& /*graph API only*/) {
-    auto [workspace, bytes] = search_workspace(allocate);
+                         const GraphSearchOptions& options) {
+    auto [workspace, bytes] = search_workspace(allocate, options.max_workspace_bytes);
     std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
     int returned = 0;
     CUDNN_CACHE_CHECK(Algorithms<Traits>::find(handle_, descriptors_, buffers, Traits::algorithm_count, &returned,
@@ -81,9 +83,10 @@ class LegacyBackend {
   }
 
  private:
-  // Find needs one workspace big enough for the hungriest algorithm: ask for the most any algorithm wants and
-  // halve until the allocator can give it (algorithms that need more then report an allocation failure).
-  std::pair<Workspace, std::size_t> search_workspace(const WorkspaceAllocator& allocate) {
+  // Find needs one workspace big enough for the hungriest algorithm: ask for the most any algorithm wants (at
+  // most `limit`) and halve until the allocator can give it (algorithms that need more then report an
+  // allocation failure).
+  std::pair<Workspace, std::size_t> search_workspace(const WorkspaceAllocator& allocate, std::uint64_t limit) {
     std::size_t bytes = 0;
     for (int algorithm = 0; algorithm < Traits::algorithm_count; ++algorithm) {
       std::size_t needed = 0;
@@ -93,6 +96,7 @@ class LegacyBackend {
         bytes = std::max(bytes, needed);
       }
     }
+    bytes = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, limit));
     for (; bytes > 0; bytes /= 2) {
       if (auto workspace = allocate(bytes)) return {std::move(workspace), bytes};
     }

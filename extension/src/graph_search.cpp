@@ -41,7 +41,7 @@ class EngineSearch {
     if (graph_->build_plan_at_index(index).is_bad()) return false;  // not supported, or filtered out
     bool complete = true;
     std::optional<EngineCandidate> config = describe_plan(*graph_, index, &complete);
-    if (!config) return false;
+    if (!config || config->workspace_bytes > options_.max_workspace_bytes) return false;
     if (!complete && substitute) {
       names_.erase(name);  // the replayable config may well be this very plan
       const std::int64_t replayable = add_plan(*graph_, *config);

@@ -31,21 +31,57 @@ std::string could_not_run(const ConvolutionKey& key, const std::string& why) {
                         "; running the next candidate");
 }
 
+// What a call may run: deterministic candidates only when that is asked for, and none whose workspace is over
+// the runtime's limit (Note [Workspace limit]).
+struct Constraints {
+  bool deterministic = false;
+  std::uint64_t workspace_limit = Runtime::kNoWorkspaceLimit;
+};
+
 // Why a walk found nothing to run when no candidate failed.
-const char* none_eligible(bool deterministic) {
-  return deterministic ? "no deterministic candidate" : "no candidate that succeeded when measured";
+std::string none_eligible(const Constraints& constraints) {
+  const std::string within = constraints.workspace_limit == Runtime::kNoWorkspaceLimit
+                                 ? ""
+                                 : detail::concat(" within the workspace limit of ", constraints.workspace_limit,
+                                                  " bytes");
+  return constraints.deterministic ? "no deterministic candidate" + within
+                                   : "no candidate that succeeded when measured" + within;
 }
 
-// Whether a call may run the candidate: it ran when measured, and it is deterministic when that is asked for.
-// (Stored engine configs carry no determinism note; deterministic calls never walk them.)
+// Whether a call may run the candidate: it ran when measured, its workspace is within the limit, and it is
+// deterministic when that is asked for. (Stored engine configs carry no determinism note; deterministic calls
+// never walk them.)
 template <typename Candidate>
-bool eligible(const Candidate& candidate, bool deterministic) {
+bool eligible(const Candidate& candidate, const Constraints& constraints) {
+  if (!candidate.succeeded() || candidate.workspace_bytes > constraints.workspace_limit) return false;
   if constexpr (std::is_same_v<Candidate, EngineCandidate>) {
-    return candidate.succeeded();
+    return true;
   } else {
-    return candidate.succeeded() && (!deterministic || candidate.determinism == CUDNN_DETERMINISTIC);
+    return !constraints.deterministic || candidate.determinism == CUDNN_DETERMINISTIC;
   }
 }
+
+// The allocator a call under a workspace limit uses: it refuses more than the limit, so that no call exceeds it
+// even where a plan's workspace differs from the one its config was stored with.
+class BoundedAllocator {
+ public:
+  BoundedAllocator(const WorkspaceAllocator& allocate, std::uint64_t limit)
+      : allocate_(allocate), limit_(limit),
+        bounded_(limit == Runtime::kNoWorkspaceLimit
+                     ? WorkspaceAllocator()
+                     : WorkspaceAllocator([this](std::size_t bytes) {
+                         return bytes > limit_ ? Workspace() : allocate_(bytes);
+                       })) {}
+  BoundedAllocator(const BoundedAllocator&) = delete;
+  BoundedAllocator& operator=(const BoundedAllocator&) = delete;
+
+  const WorkspaceAllocator& get() const { return bounded_ ? bounded_ : allocate_; }
+
+ private:
+  const WorkspaceAllocator& allocate_;
+  std::uint64_t limit_;
+  WorkspaceAllocator bounded_;  // empty without a limit: no wrapper on the hot path
+};
 
 // Another origin whose cache of Traits holds the key, if any (the first in origin order).
 template <typename Traits>
@@ -87,12 +123,12 @@ struct Walk {
 // what it builds for it); cuDNN's heuristic order is not one.
 template <typename Chosen, typename Candidates>
 Walk walk(Chosen& backend, const Candidates& candidates, bool ranked, const ConvolutionBuffers& buffers,
-          const WorkspaceAllocator& allocate, bool deterministic) {
+          const WorkspaceAllocator& allocate, const Constraints& constraints) {
   Walk walked;
   bool first = ranked;
   for (const auto& candidate : candidates) {
     const bool leads = std::exchange(first, false);  // by place, whether or not the call may run it
-    if (!eligible(candidate, deterministic)) continue;
+    if (!eligible(candidate, constraints)) continue;
     std::string failure = backend.run(candidate, leads, buffers, allocate);
     if (failure.empty()) {
       walked.ran = true;
@@ -107,12 +143,27 @@ Walk walk(Chosen& backend, const Candidates& candidates, bool ranked, const Conv
 // the legacy API and stored nowhere. `why_not_cached` says why the cached candidates did not run, if any did not.
 template <typename Traits>
 void run_heuristics(LegacyBackend<Traits>& legacy, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-                    const WorkspaceAllocator& allocate, bool deterministic, const std::string& why_not_cached) {
-  const Walk walked = walk(legacy, legacy.heuristics(), false, buffers, allocate, deterministic);
+                    const WorkspaceAllocator& allocate, const Constraints& constraints,
+                    const std::string& why_not_cached) {
+  const Walk walked = walk(legacy, legacy.heuristics(), false, buffers, allocate, constraints);
   if (walked.ran) return;
   throw Error(detail::concat("cudnn_cache: no cuDNN engine or algorithm could run ", key, " (last: ",
                              why_not_cached.empty() ? "" : why_not_cached + "; ",
-                             walked.why_not.empty() ? none_eligible(deterministic) : walked.why_not, ")"));
+                             walked.why_not.empty() ? none_eligible(constraints) : walked.why_not, ")"));
+}
+
+// The value of an environment variable that holds a count, if it is set and holds one; a value that is not one
+// is reported on stderr and ignored (the Python package refuses it at import first).
+std::optional<std::uint64_t> count_variable(const char* variable, const char* what) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const char* end = value + std::strlen(value);
+  std::uint64_t count = 0;
+  const auto [stop, failure] = std::from_chars(value, end, count);
+  if (failure == std::errc() && stop == end) return count;
+  std::cerr << "cudnn_cache: " << variable << ": '" << value << "' is not a non-negative integer (" << what
+            << "); it is ignored\n";
+  return std::nullopt;
 }
 
 }  // namespace
@@ -133,16 +184,11 @@ Runtime::Runtime()
       std::cerr << "cudnn_cache: CUDNN_CACHE_LOG: " << e.what() << "; logging stays off\n";
     }
   }
-  if (const char* limit = std::getenv("CUDNN_CACHE_PLAN_CACHE_LIMIT"); limit != nullptr && *limit != '\0') {
-    const char* end = limit + std::strlen(limit);
-    std::size_t value = 0;
-    const auto [stop, failure] = std::from_chars(limit, end, value);
-    if (failure == std::errc() && stop == end) {
-      plans_->set_limit(value);
-    } else {
-      std::cerr << "cudnn_cache: CUDNN_CACHE_PLAN_CACHE_LIMIT: '" << limit << "' is not a non-negative integer "
-                << "(the most execution plans kept; 0: no bound); the limit stays " << plans_->limit() << "\n";
-    }
+  if (const auto limit = count_variable("CUDNN_CACHE_PLAN_CACHE_LIMIT", "the most execution plans kept; 0: no bound")) {
+    plans_->set_limit(*limit);
+  }
+  if (const auto limit = count_variable("CUDNN_CACHE_WORKSPACE_LIMIT", "the most bytes of workspace a call uses")) {
+    workspace_limit_ = *limit;
   }
 }
 
@@ -300,19 +346,21 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
   const std::shared_ptr<const Ranking<Traits>> ranking =
       lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate);
+  const Constraints constraints{deterministic, workspace_limit()};
+  const BoundedAllocator bounded(allocate, constraints.workspace_limit);
   std::string why_not;  // why the cached candidates did not run, when they did not
   if (ranking) {
-    Walk walked = walk(backend, *ranking, true, buffers, allocate, deterministic);
+    Walk walked = walk(backend, *ranking, true, buffers, bounded.get(), constraints);
     if (walked.ran && walked.why_not.empty()) return;
-    why_not = walked.why_not.empty() ? none_eligible(deterministic) : std::move(walked.why_not);
+    why_not = walked.why_not.empty() ? none_eligible(constraints) : std::move(walked.why_not);
     count_fallback(could_not_run(key, why_not));  // a cached candidate passed over
     if (walked.ran) return;
   }
   if constexpr (is_graph<Traits>) {
     LegacyBackend<Legacy> legacy(handle, key);
-    run_heuristics(legacy, key, buffers, allocate, deterministic, why_not);
+    run_heuristics(legacy, key, buffers, bounded.get(), constraints, why_not);
   } else {
-    run_heuristics(backend, key, buffers, allocate, deterministic, why_not);
+    run_heuristics(backend, key, buffers, bounded.get(), constraints, why_not);
   }
 }
 
@@ -331,7 +379,9 @@ template <typename Traits, typename Chosen>
 Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                 const WorkspaceAllocator& allocate) {
   const auto started = std::chrono::steady_clock::now();
-  const Ranking<Traits> ranking = backend.search(buffers, allocate, search_options());
+  GraphSearchOptions options = search_options();
+  options.max_workspace_bytes = workspace_limit();  // Note [Workspace limit]
+  const Ranking<Traits> ranking = backend.search(buffers, allocate, options);
   ++tunes_;
   tune_us_ += microseconds_since(started);
   if (logs(LogLevel::debug)) {
@@ -433,6 +483,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
   if (threads <= 0) threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   threads = static_cast<int>(std::min<std::size_t>(threads, work.size()));
 
+  const std::uint64_t limit = workspace_limit();
   std::atomic<std::size_t> next{0}, ready{0};
   std::mutex failure_mutex;
   std::string failure;
@@ -442,6 +493,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
       for (std::size_t i; (i = next++) < work.size();) {
         const auto& [key, ranking] = work[i];
         for (const EngineCandidate& config : ranking) {
+          if (config.workspace_bytes > limit) continue;  // a call would not run it (Note [Workspace limit])
           if (plans_->get(handle, device, key, config, caches.plans, &config == &ranking.front()).plan) {
             ++ready;
             break;

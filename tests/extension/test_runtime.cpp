@@ -2,6 +2,8 @@
 // tests/gpu/ runs convolutions through it.
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,4 +111,35 @@ TEST_CASE("the record policy's misses are kept once each, and drop out once thei
   }
   runtime.clear_recorded_misses();
   CHECK(runtime.recorded_misses().empty());
+}
+
+TEST_CASE("a runtime reads its limits from the environment when it starts, and ignores a value that is not a count",
+          "[runtime][workspace_limit]") {
+  const auto runtime_with = [](const char* plans, const char* workspace) {
+    setenv("CUDNN_CACHE_PLAN_CACHE_LIMIT", plans, 1);
+    setenv("CUDNN_CACHE_WORKSPACE_LIMIT", workspace, 1);
+    auto runtime = std::make_unique<Runtime>();
+    unsetenv("CUDNN_CACHE_PLAN_CACHE_LIMIT");
+    unsetenv("CUDNN_CACHE_WORKSPACE_LIMIT");
+    return runtime;
+  };
+  {
+    const auto runtime = runtime_with("250", "67108864");
+    CHECK(runtime->plan_cache_limit() == 250);
+    CHECK(runtime->workspace_limit() == 67108864);
+  }
+  {
+    const auto runtime = runtime_with("", "0");
+    CHECK(runtime->plan_cache_limit() == 10000);
+    CHECK(runtime->workspace_limit() == 0);  // no workspace at all: a limit like any other
+  }
+  {
+    const auto runtime = runtime_with("ten", "64MB");  // the Python package refuses both at import
+    CHECK(runtime->plan_cache_limit() == 10000);
+    CHECK(runtime->workspace_limit() == Runtime::kNoWorkspaceLimit);
+  }
+  Runtime runtime;
+  CHECK(runtime.workspace_limit() == Runtime::kNoWorkspaceLimit);
+  runtime.set_workspace_limit(1 << 20);
+  CHECK(runtime.workspace_limit() == 1 << 20);
 }

@@ -170,13 +170,14 @@ struct Handle {
 
 namespace {
 
-void run_graph(Runtime& runtime, cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers) {
+void run_graph(Runtime& runtime, cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+               const WorkspaceAllocator& with = allocate) {
   switch (static_cast<Direction>(key.direction)) {
-    case Direction::forward: return runtime.run<GraphTraits<Direction::forward>>(handle, 0, key, buffers, allocate, false);
+    case Direction::forward: return runtime.run<GraphTraits<Direction::forward>>(handle, 0, key, buffers, with, false);
     case Direction::backward_data:
-      return runtime.run<GraphTraits<Direction::backward_data>>(handle, 0, key, buffers, allocate, false);
+      return runtime.run<GraphTraits<Direction::backward_data>>(handle, 0, key, buffers, with, false);
     case Direction::backward_filter:
-      return runtime.run<GraphTraits<Direction::backward_filter>>(handle, 0, key, buffers, allocate, false);
+      return runtime.run<GraphTraits<Direction::backward_filter>>(handle, 0, key, buffers, with, false);
   }
 }
 
@@ -598,6 +599,54 @@ TEST_CASE("threads running more keys than the plan cache holds evict each other'
   CHECK(after.plans_built > before.plans_built);  // evicted plans were built again
   CHECK(after.hits == before.hits + 12 * 10);     // the rankings stayed: only plans were evicted
   CHECK(after.misses == before.misses);
+}
+
+// Note [Workspace limit]: under a limit of no workspace at all, every call asks for none and computes what it
+// computed without the limit, and a search stores only configs that need none.
+TEST_CASE("a workspace limit holds every call and search to it, and results stay the same",
+          "[gpu][graph][runtime][workspace_limit]") {
+  Runtime& runtime = Runtime::instance();
+  REQUIRE(runtime.miss_policy() == MissPolicy::tune);
+  const std::vector<Expected> keys = expected_by_one_thread(runtime, {problems()[0], problems()[1]});
+  bool any_needs_workspace = false;  // else the test would hold without the limit
+  for (const Expected& expected : keys) {
+    for_each_graph_direction([&](auto traits) {
+      if (static_cast<std::int32_t>(decltype(traits)::direction) != expected.key.direction) return;
+      const auto ranking = runtime.caches_for_device(0).get<decltype(traits)>().find(expected.key);
+      REQUIRE(ranking);
+      any_needs_workspace = any_needs_workspace || ranking->front().workspace_bytes > 0;
+    });
+  }
+  CHECK(any_needs_workspace);
+
+  std::size_t most_asked = 0;
+  const WorkspaceAllocator counting = [&](std::size_t bytes) {
+    most_asked = std::max(most_asked, bytes);
+    return allocate(bytes);
+  };
+  runtime.set_workspace_limit(0);
+  Handle handle;
+  for (const Expected& expected : keys) {
+    INFO(expected.key);
+    std::mt19937 random(7);
+    Operands operands(expected.key, random);
+    run_graph(runtime, handle.handle, expected.key, operands.buffers(), counting);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(most_asked == 0);
+    CHECK(relative_difference(operands.written->read(), expected.values) <= expected.tolerance);
+
+    // Searched again under the limit, the key's ranking holds only configs that need no workspace.
+    for_each_graph_direction([&](auto traits) {
+      if (static_cast<std::int32_t>(decltype(traits)::direction) != expected.key.direction) return;
+      auto& cache = runtime.caches_for_device(0).get<decltype(traits)>();
+      cache.erase(expected.key);
+      run_graph(runtime, handle.handle, expected.key, operands.buffers());
+      const auto ranking = cache.find(expected.key);
+      REQUIRE(ranking);
+      for (const EngineCandidate& config : *ranking) CHECK(config.workspace_bytes == 0);
+    });
+  }
+  runtime.set_workspace_limit(Runtime::kNoWorkspaceLimit);
 }
 
 // Note [One search per key]: threads that miss one key at once search it once; the others wait for that search

@@ -61,16 +61,17 @@ def build_dir() -> pathlib.Path:
 @pytest.fixture
 def cache_state():
     """Restores the process-wide cache state a test may change: the miss policy, the backend, the tuning
-    options, the plan cache's limit, the entries (cleared before and after) and the counters."""
+    options, the plan cache's and the workspace's limits, the entries (cleared before and after) and the counters."""
     import cudnn_cache
 
     policy, backend, tuning = cudnn_cache.miss_policy(), cudnn_cache.backend(), cudnn_cache.tuning_options()
-    plan_cache_limit = cudnn_cache.plan_cache_limit()
+    plan_cache_limit, workspace_limit = cudnn_cache.plan_cache_limit(), cudnn_cache.workspace_limit()
     cudnn_cache.clear()
     cudnn_cache.reset_stats()
     yield cudnn_cache
     cudnn_cache.set_miss_policy(policy)
     cudnn_cache.set_plan_cache_limit(plan_cache_limit)
+    cudnn_cache.set_workspace_limit(workspace_limit)
     cudnn_cache.set_backend(backend)
     cudnn_cache.set_tuning_options(**tuning)
     cudnn_cache.clear()

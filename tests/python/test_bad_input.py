@@ -270,6 +270,8 @@ def forward_key():
     pytest.param(lambda: cudnn_cache.prepare(threads=-1), r"threads must be >= 0", id="prepare_threads"),
     pytest.param(lambda: cudnn_cache.set_plan_cache_limit(-5), r"limit must be a non-negative integer",
                  id="plan_cache_limit_negative"),
+    pytest.param(lambda: cudnn_cache.set_workspace_limit(-1), r"set_workspace_limit: bytes must be a non-negative "
+                 r"integer .* or None \(no limit\), got -1", id="workspace_limit_negative"),
 ])
 def test_bad_cache_arguments_raise_an_error_naming_them(call, match, cache_state):
     with pytest.raises(RuntimeError, match=match):
@@ -654,6 +656,8 @@ ENVIRONMENT_CASES = [
     pytest.param("CUDNN_CACHE_PLAN_CACHE_LIMIT", "-1", "import", id="plan_cache_limit_negative"),
     pytest.param("CUDNN_CACHE_PLAN_CACHE_LIMIT", "ten", "cli", id="plan_cache_limit_a_word"),
     pytest.param("CUDNN_CACHE_PLAN_CACHE_LIMIT", "18446744073709551616", "import", id="plan_cache_limit_too_large"),
+    pytest.param("CUDNN_CACHE_WORKSPACE_LIMIT", "64MB", "import", id="workspace_limit_with_a_unit"),
+    pytest.param("CUDNN_CACHE_WORKSPACE_LIMIT", "-1", "cli", id="workspace_limit_negative"),
     pytest.param("CUDNN_CACHE_LIBRARY", "{missing}", "import", id="library_missing"),
     pytest.param("CUDNN_CACHE_LIBRARY", "{directory}", "cli", id="library_directory"),
     pytest.param("CUDNN_CACHE_LIBRARY", "{random}", "import", id="library_random_bytes"),

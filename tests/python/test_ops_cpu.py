@@ -686,17 +686,40 @@ def test_plan_cache_limit_round_trip_and_a_negative_one_is_refused(cache_state):
 
 
 # A bad value ends the process in one line (test_bad_input.py, test_a_bad_environment_variable_ends_the_process_...).
-@pytest.mark.parametrize("setting, limit", [("0", 0), ("250", 250), ("", 10000), (None, 10000)])
-def test_cudnn_cache_plan_cache_limit_sets_the_limit_at_start(child_env, setting, limit):
+@pytest.mark.parametrize("variable, read, setting, limit", [
+    ("CUDNN_CACHE_PLAN_CACHE_LIMIT", "plan_cache_limit", "0", 0),
+    ("CUDNN_CACHE_PLAN_CACHE_LIMIT", "plan_cache_limit", "250", 250),
+    ("CUDNN_CACHE_PLAN_CACHE_LIMIT", "plan_cache_limit", "", 10000),
+    ("CUDNN_CACHE_PLAN_CACHE_LIMIT", "plan_cache_limit", None, 10000),
+    ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", "0", 0),
+    ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", "67108864", 67108864),
+    ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", "", None),
+    ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", None, None),
+])
+def test_a_limit_variable_sets_its_limit_at_start(child_env, variable, read, setting, limit):
     env = dict(child_env)
-    env.pop("CUDNN_CACHE_PLAN_CACHE_LIMIT", None)
+    env.pop(variable, None)
     if setting is not None:
-        env["CUDNN_CACHE_PLAN_CACHE_LIMIT"] = setting
-    result = subprocess.run([sys.executable, "-c", "import cudnn_cache; print(cudnn_cache.plan_cache_limit())"],
+        env[variable] = setting
+    result = subprocess.run([sys.executable, "-c", f"import cudnn_cache; print(cudnn_cache.{read}())"],
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(limit)
     assert result.stderr == ""
+
+
+def test_workspace_limit_round_trip_and_a_negative_one_is_refused(cache_state):
+    assert cudnn_cache.workspace_limit() is None  # the default: no limit
+    for limit in (0, 1, 64 << 20, 2**62, None):
+        cudnn_cache.set_workspace_limit(limit)
+        assert cudnn_cache.workspace_limit() == limit
+    cudnn_cache.set_workspace_limit(1 << 30)
+    with pytest.raises(RuntimeError, match=r"set_workspace_limit: bytes must be a non-negative integer .*got -5; "
+                                           r"the limit stays as it was"):
+        cudnn_cache.set_workspace_limit(-5)
+    assert cudnn_cache.workspace_limit() == 1 << 30
+
+
 
 
 @pytest.fixture

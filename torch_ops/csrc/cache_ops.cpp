@@ -226,6 +226,20 @@ std::int64_t get_plan_cache_limit() {
   return static_cast<std::int64_t>(std::min<std::size_t>(limit, std::numeric_limits<std::int64_t>::max()));
 }
 
+void set_workspace_limit(std::optional<std::int64_t> bytes) {
+  TORCH_CHECK(!bytes || *bytes >= 0, "cudnn_cache.set_workspace_limit: bytes must be a non-negative integer (the "
+              "most bytes of workspace a convolution may use) or None (no limit), got ", *bytes,
+              "; the limit stays as it was");
+  Runtime::instance().set_workspace_limit(bytes ? static_cast<std::uint64_t>(*bytes) : Runtime::kNoWorkspaceLimit);
+}
+
+std::optional<std::int64_t> get_workspace_limit() {
+  const std::uint64_t limit = Runtime::instance().workspace_limit();
+  // A limit beyond int64 (set from C++ or the environment) bounds nothing a tensor could hold either.
+  if (limit >= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
+  return static_cast<std::int64_t>(limit);
+}
+
 void set_backend(const std::string& backend) {
   rethrow([&] { Runtime::instance().set_backend(backend_from_string(backend)); });
 }
@@ -318,6 +332,8 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("get_miss_policy", &get_miss_policy);
   m.impl("set_plan_cache_limit", &set_plan_cache_limit);
   m.impl("get_plan_cache_limit", &get_plan_cache_limit);
+  m.impl("set_workspace_limit", &set_workspace_limit);
+  m.impl("get_workspace_limit", &get_workspace_limit);
   m.impl("set_backend", &set_backend);
   m.impl("get_backend", &get_backend);
   m.impl("set_tuning_options", &set_tuning_options);

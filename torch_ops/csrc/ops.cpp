@@ -48,6 +48,8 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_miss_policy() -> str");
   m.def("set_plan_cache_limit(int limit) -> ()");
   m.def("get_plan_cache_limit() -> int");
+  m.def("set_workspace_limit(int? bytes) -> ()");
+  m.def("get_workspace_limit() -> int?");
   m.def("set_backend(str backend) -> ()");
   m.def("get_backend() -> str");
   m.def("set_tuning_options(int? warmup=None, int? repetitions=None, int? max_candidates=None, "

@@ -25,7 +25,8 @@ from ._library import library_path, load_library
 # Every variable is checked before anything is loaded: See Note [Bad environment variables] in _environment.py.
 _intercept_at_import = _environment.intercept()
 _log_level_at_import = _environment.log_level()
-_environment.plan_cache_limit()  # read by the C++ runtime when it starts
+_environment.plan_cache_limit()  # read by the C++ runtime when it starts, as is the next one
+_environment.workspace_limit()
 load_library()
 
 from . import functional  # noqa: E402  (needs the ops registered)
@@ -62,7 +63,8 @@ __all__ = [
     "active_file", "audit", "backend", "clear", "conv_key", "convert", "describe_convolution", "describe_filter",
     "describe_tensor", "distributed", "fill", "functional", "intercept", "intercepting", "library_path", "load",
     "log_level", "logger", "miss_policy", "persistent", "plan_cache_limit", "prepare", "query", "reset_stats",
-    "save", "set_backend", "set_log_level", "set_miss_policy", "set_plan_cache_limit", "set_tuning_options", "size",
+    "save", "set_backend", "set_log_level", "set_miss_policy", "set_plan_cache_limit", "set_tuning_options",
+    "set_workspace_limit", "size",
     "stats", "tuning_options",
 ]
 
@@ -140,6 +142,20 @@ def set_plan_cache_limit(limit: int) -> None:
 def plan_cache_limit() -> int:
     """The plan cache's limit (see set_plan_cache_limit)."""
     return _ops.get_plan_cache_limit()
+
+
+def set_workspace_limit(limit: Optional[int]) -> None:
+    """At most how many bytes of workspace a convolution may use; None (the default) sets no limit. Calls run
+    the fastest cached candidate within it, without re-tuning (a ranking holds each candidate's workspace), and
+    cuDNN's heuristics when none is; searches time only configs within it. CUDNN_CACHE_WORKSPACE_LIMIT sets it
+    at start. A negative value raises RuntimeError and the limit stays. See Note [Workspace limit] in
+    extension/include/cudnn_cache/runtime.h."""
+    _ops.set_workspace_limit(limit)
+
+
+def workspace_limit() -> Optional[int]:
+    """The workspace limit in bytes, or None when there is none (see set_workspace_limit)."""
+    return _ops.get_workspace_limit()
 
 
 def set_backend(backend: str) -> None:

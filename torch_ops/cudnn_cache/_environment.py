@@ -6,6 +6,8 @@
     CUDNN_CACHE_LOG        off (the default), info or debug
     CUDNN_CACHE_PLAN_CACHE_LIMIT  the most execution plans kept in memory: a non-negative integer (default
                            10000; 0: no bound); read by the C++ runtime, checked here
+    CUDNN_CACHE_WORKSPACE_LIMIT  the most bytes of workspace a convolution may use: a non-negative integer
+                           (default: no limit); read by the C++ runtime, checked here
     CUDNN_CACHE_LIBRARY    the ops library to load instead of the package's own (_library.py)
     CUDNN_CACHE_BUILD_DIR  where a source checkout's ops library is, when the package has none (default build)
 
@@ -25,6 +27,7 @@ INTERCEPT = "CUDNN_CACHE_INTERCEPT"
 LOG = "CUDNN_CACHE_LOG"
 LIBRARY = "CUDNN_CACHE_LIBRARY"
 PLAN_CACHE_LIMIT = "CUDNN_CACHE_PLAN_CACHE_LIMIT"
+WORKSPACE_LIMIT = "CUDNN_CACHE_WORKSPACE_LIMIT"
 
 _TRUE, _FALSE = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
 LOG_LEVELS = ("off", "info", "debug")
@@ -57,13 +60,22 @@ def log_level() -> Optional[str]:
     return value
 
 
-def plan_cache_limit() -> Optional[int]:
-    """CUDNN_CACHE_PLAN_CACHE_LIMIT: None when unset or empty, else a non-negative integer that fits 64 bits,
-    as the C++ runtime reads it."""
-    value = os.environ.get(PLAN_CACHE_LIMIT, "")
+def _count(variable: str, what: str) -> Optional[int]:
+    """A variable that holds a count: None when unset or empty, else a non-negative integer that fits 64 bits, as
+    the C++ runtime reads it; anything else is refused with `what` it takes."""
+    value = os.environ.get(variable, "")
     if value == "":
         return None
     if not (value.isascii() and value.isdigit()) or int(value) >= 2**64:
-        refuse(PLAN_CACHE_LIMIT, value, "use a non-negative integer: the most execution plans kept in memory "
-                                        "(default 10000; 0 keeps every plan)")
+        refuse(variable, value, f"use a non-negative integer: {what}")
     return int(value)
+
+
+def plan_cache_limit() -> Optional[int]:
+    """CUDNN_CACHE_PLAN_CACHE_LIMIT: the most execution plans kept in memory, or None when unset."""
+    return _count(PLAN_CACHE_LIMIT, "the most execution plans kept in memory (default 10000; 0 keeps every plan)")
+
+
+def workspace_limit() -> Optional[int]:
+    """CUDNN_CACHE_WORKSPACE_LIMIT: the most bytes of workspace a convolution may use, or None when unset."""
+    return _count(WORKSPACE_LIMIT, "the most bytes of workspace a convolution may use (unset: no limit)")

@@ -33,6 +33,18 @@
 // The last resort of both is the legacy heuristics. Stored engine configs carry no determinism note, so
 // deterministic calls take the legacy path.
 //
+// Note [Workspace limit]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A user who must keep a convolution's scratch memory down (a model near the GPU's capacity, several processes
+// sharing one GPU) sets a workspace limit (set_workspace_limit, CUDNN_CACHE_WORKSPACE_LIMIT). A ranking holds
+// every candidate's workspace, so no re-tuning is needed: a call walks its ranking as always, passing over the
+// candidates whose workspace is over the limit as it passes over non-deterministic ones for a deterministic
+// call (no fallback is counted for them), and runs the fastest within it; cuDNN's heuristics, the last resort,
+// are held to it too. Its allocator refuses more than the limit as well, so no call exceeds it even where a
+// plan rebuilt from a stored config asks for more than the config recorded. A search times only configs within
+// the limit (the L2 flush before each timed run is not workspace, and is not bounded), so a ranking tuned under
+// a limit holds nothing over it; prepare() builds the plan of each key's first candidate within it.
+//
 // Which path a convolution takes is the runtime's backend: graph by default, since on Hopper only the graph
 // API reaches the fastest engines (../shared/context/MEASURED.md); legacy on request, or where this cuDNN
 // has no graph API for convolutions (before 8.9).
@@ -41,6 +53,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -181,6 +194,8 @@ struct GraphSearchOptions {
   bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
   float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
+  // Configs that need more workspace are not timed: the runtime's workspace limit (Note [Workspace limit]).
+  std::uint64_t max_workspace_bytes = std::numeric_limits<std::uint64_t>::max();
 };
 
 class PlanCache;
@@ -212,6 +227,14 @@ class Runtime {
   // when the runtime starts. A lower limit evicts down to 90% of it at once.
   void set_plan_cache_limit(std::size_t limit);
   std::size_t plan_cache_limit() const;
+
+  // At most how many bytes of workspace a convolution may use (Note [Workspace limit]): calls run the fastest
+  // cached candidate within it, searches time only configs within it, prepare builds the plans calls will use.
+  // kNoWorkspaceLimit (the default, or CUDNN_CACHE_WORKSPACE_LIMIT's value when the runtime starts) bounds
+  // nothing.
+  static constexpr std::uint64_t kNoWorkspaceLimit = std::numeric_limits<std::uint64_t>::max();
+  void set_workspace_limit(std::uint64_t bytes) { workspace_limit_.store(bytes, std::memory_order_relaxed); }
+  std::uint64_t workspace_limit() const { return workspace_limit_.load(std::memory_order_relaxed); }
 
   Stats stats() const;
   void reset_stats();
@@ -297,6 +320,7 @@ class Runtime {
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<InFlight> searching_;  // the keys being searched now (Note [One search per key])
   std::atomic<MissPolicy> miss_policy_{MissPolicy::tune};
+  std::atomic<std::uint64_t> workspace_limit_{kNoWorkspaceLimit};
   std::atomic<Backend> backend_;
   GraphSearchOptions search_options_;  // guarded by mutex_
   std::atomic<LogLevel> log_level_{LogLevel::off};
