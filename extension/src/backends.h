@@ -54,7 +54,8 @@ class LegacyBackend {
                                                perfs.data(), workspace.data(), bytes),
                       key_);
     const Ranking<Traits> ranking = Ranking<Traits>::of_perfs(perfs.data(), returned);
-    CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key_);
+    CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key_,
+                        within_workspace_limit(options));
     return ranking;
   }
 

@@ -168,6 +168,12 @@ std::optional<std::uint64_t> count_variable(const char* variable, const char* wh
 
 }  // namespace
 
+std::string within_workspace_limit(const GraphSearchOptions& options) {
+  if (options.max_workspace_bytes == Runtime::kNoWorkspaceLimit) return {};
+  return detail::concat(" within the workspace limit of ", options.max_workspace_bytes,
+                        " bytes; raise the limit (cudnn_cache.set_workspace_limit) or remove it");
+}
+
 Runtime& Runtime::instance() {
   static Runtime runtime;
   return runtime;

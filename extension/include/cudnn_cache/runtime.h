@@ -198,6 +198,10 @@ struct GraphSearchOptions {
   std::uint64_t max_workspace_bytes = std::numeric_limits<std::uint64_t>::max();
 };
 
+// What a search that found nothing to run adds to its error under a workspace limit (naming the limit and the
+// fix); "" without one.
+std::string within_workspace_limit(const GraphSearchOptions& options);
+
 class PlanCache;
 class InFlight;
 
