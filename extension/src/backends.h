@@ -55,7 +55,7 @@ class LegacyBackend {
                       key_);
     const Ranking<Traits> ranking = Ranking<Traits>::of_perfs(perfs.data(), returned);
     CUDNN_CACHE_REQUIRE(!ranking.empty() && ranking.front().succeeded(), "cuDNN found no algorithm that runs ", key_,
-                        within_workspace_limit(options));
+                        within_workspace_limit(options.max_workspace_bytes));
     return ranking;
   }
 

@@ -149,7 +149,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
     if (index >= 0) search.time(index);
   }
   CUDNN_CACHE_REQUIRE(search.timed() > 0, "cuDNN graph API: no engine config runs ", key,
-                      within_workspace_limit(options));
+                      within_workspace_limit(options.max_workspace_bytes));
   // 3. The best so far with one knob moved to a neighbouring value, unless cuDNN compiles it at run time
   //    (each variant would be another compilation of 50-200 ms).
   const EngineCandidate best = search.ranked().first.front();

@@ -23,6 +23,13 @@
 #include "plan_cache.h"
 
 namespace cudnn_cache {
+
+std::string within_workspace_limit(std::uint64_t limit) {
+  if (limit == Runtime::kNoWorkspaceLimit) return {};
+  return detail::concat(" within the workspace limit of ", limit,
+                        " bytes; raise the limit (cudnn_cache.set_workspace_limit) or remove it");
+}
+
 namespace {
 
 // The fallback warning's first sentence for a call whose best cached candidate could not run.
@@ -40,12 +47,8 @@ struct Constraints {
 
 // Why a walk found nothing to run when no candidate failed.
 std::string none_eligible(const Constraints& constraints) {
-  const std::string within = constraints.workspace_limit == Runtime::kNoWorkspaceLimit
-                                 ? ""
-                                 : detail::concat(" within the workspace limit of ", constraints.workspace_limit,
-                                                  " bytes");
-  return constraints.deterministic ? "no deterministic candidate" + within
-                                   : "no candidate that succeeded when measured" + within;
+  return (constraints.deterministic ? "no deterministic candidate" : "no candidate that succeeded when measured") +
+         within_workspace_limit(constraints.workspace_limit);
 }
 
 // Whether a call may run the candidate: it ran when measured, its workspace is within the limit, and it is
@@ -167,12 +170,6 @@ std::optional<std::uint64_t> count_variable(const char* variable, const char* wh
 }
 
 }  // namespace
-
-std::string within_workspace_limit(const GraphSearchOptions& options) {
-  if (options.max_workspace_bytes == Runtime::kNoWorkspaceLimit) return {};
-  return detail::concat(" within the workspace limit of ", options.max_workspace_bytes,
-                        " bytes; raise the limit (cudnn_cache.set_workspace_limit) or remove it");
-}
 
 Runtime& Runtime::instance() {
   static Runtime runtime;
@@ -397,8 +394,9 @@ Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, cons
   return ranking;
 }
 
-// The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored
-// (tune; one at a time per key, Note [One search per key]), nothing (heuristic: the caller runs cuDNN's heuristics), or an Error naming the key (error).
+// The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored (tune;
+// one at a time per key, Note [One search per key]), nothing (heuristic: the caller runs cuDNN's heuristics), or
+// an Error naming the key (error).
 // Under the record policy the miss is also remembered, as a miss of the device's cache of the backend. A miss
 // under the tune policy while the stream captures a CUDA graph is a record miss, counted in capture_misses:
 // nothing may be timed during a capture (Note [Running a cached convolution]).

@@ -198,9 +198,9 @@ struct GraphSearchOptions {
   std::uint64_t max_workspace_bytes = std::numeric_limits<std::uint64_t>::max();
 };
 
-// What a search that found nothing to run adds to its error under a workspace limit (naming the limit and the
-// fix); "" without one.
-std::string within_workspace_limit(const GraphSearchOptions& options);
+// What an error about finding nothing to run adds under a workspace limit of `limit` bytes (the limit and the
+// fix); "" for no limit (the largest value).
+std::string within_workspace_limit(std::uint64_t limit);
 
 class PlanCache;
 class InFlight;
