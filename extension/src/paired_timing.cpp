@@ -5,14 +5,10 @@
 #include <limits>
 
 #include "cudnn_cache/error.h"
+#include "graph_internal.h"
 
 namespace cudnn_cache {
 namespace {
-
-float median_of(std::vector<float> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
 
 // One float step behind `ms`: ranks after it, and differs from it by as little as a time can.
 float just_after(float ms) { return std::nextafter(ms, std::numeric_limits<float>::infinity()); }
@@ -46,7 +42,7 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
   const auto native_finalist = std::find(finalists.begin(), finalists.end(), native);
   CUDNN_CACHE_REQUIRE(native_finalist != finalists.end(), "settle_against_native: native's pick was not timed");
   const std::vector<float>& native_rounds = rounds[native_finalist - finalists.begin()];
-  const float native_ms = median_of(native_rounds);
+  const float native_ms = graph_internal::median(native_rounds);
   std::vector<bool> settled(configs.size(), false);
   for (std::size_t f = 0; f < finalists.size(); ++f) {
     EngineCandidate& config = configs[finalists[f]];
@@ -59,8 +55,8 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
                         rounds[f].size(), " rounds, native's pick ", native_rounds.size());
     std::vector<float> ratios(rounds[f].size());
     for (std::size_t r = 0; r < ratios.size(); ++r) ratios[r] = rounds[f][r] / native_rounds[r];
-    config.time_ms = median_below_one(ratios) ? native_ms * median_of(ratios)
-                                              : std::max(median_of(rounds[f]), just_after(native_ms));
+    config.time_ms = median_below_one(ratios) ? native_ms * graph_internal::median(ratios)
+                                              : std::max(graph_internal::median(rounds[f]), just_after(native_ms));
   }
   for (std::size_t i = 0; i < configs.size(); ++i) {
     if (!settled[i] && configs[i].time_ms <= native_ms) configs[i].time_ms = just_after(native_ms);
