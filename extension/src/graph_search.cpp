@@ -1,21 +1,154 @@
 // search_engine_configs: Note [Engine configs] in cudnn_cache/graph.h.
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <sched.h>
 #include <optional>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
 #include "graph_internal.h"
+#include "handle_pool.h"
 #include "paired_timing.h"
 
 namespace cudnn_cache {
 namespace {
 
 using namespace graph_internal;
+
+// Note [Parallel candidate builds]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Building a plan is CPU work: milliseconds for most engines, an NVRTC compilation of 50-200 ms for those cuDNN
+// compiles at run time (depthwise and inverted-bottleneck networks' keys are full of them). Timing is GPU work
+// and stays on the calling thread, one candidate at a time. So step 1's candidates (heuristics mode A and the
+// fallback list, the bulk of a search) are built ahead: `build_threads - 1` workers (at most max_candidates - 1),
+// each on a cuDNN handle of the HandlePool, claim candidates in cuDNN's order and build them, while the calling
+// thread times what is built, in that same order. The calling thread builds a candidate itself when no worker
+// has claimed it yet, so with build_threads 1 the search is the serial one, and with workers it waits only for
+// builds already under way. Once enough candidates are timed the workers stop after the build they are in,
+// while steps 2-4 time.
+//
+// A worker builds each candidate in a graph of its own, made for it as the calling thread's was
+// (heuristic_graph: the same query, the same filters) and handed over with the plan, so no graph is ever used
+// by two threads (a build writes its graph's plan list). What is timed does not change: where the worker's
+// graph has another plan at that position (cuDNN's heuristics are deterministic; this is a safeguard), or it
+// could not make one, the calling thread builds the candidate in its own graph. Plans built on pool handles
+// run on the caller's, as prepare()'s do. Mode B's picks, knob variants and substitutes are few and are built
+// on the calling thread.
+
+// A plan of some graph of the search: the graph and the plan's index in it.
+struct BuiltPlan {
+  std::shared_ptr<Graph> graph;
+  std::int64_t index = -1;
+};
+
+// Builds step 1's candidates ahead of the timing (Note [Parallel candidate builds]). `indices` are plans of the
+// calling thread's `graph`, `names` their names, in the order the caller takes them with take().
+class AheadBuilder {
+ public:
+  AheadBuilder(std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
+               std::vector<std::int64_t> indices, std::vector<std::string> names, int workers)
+      : graph_(std::move(graph)), key_(key), deterministic_(deterministic), indices_(std::move(indices)),
+        names_(std::move(names)), slots_(indices_.size()) {
+    workers = std::min(workers, static_cast<int>(indices_.size()) - 1);
+    int device = 0;
+    if (workers <= 0 || cudaGetDevice(&device) != cudaSuccess) return;
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this, device] { work(device); });
+  }
+
+  ~AheadBuilder() {
+    stop();
+    for (std::thread& thread : threads_) thread.join();
+  }
+
+  AheadBuilder(const AheadBuilder&) = delete;
+  AheadBuilder& operator=(const AheadBuilder&) = delete;
+
+  std::size_t size() const { return indices_.size(); }
+
+  // The plan at `position` of the list, built; its index is -1 where it does not build. Built by a worker, or
+  // now in the calling thread's graph where no worker claimed it or a worker could not make its graph.
+  // Positions are taken in order, each once, on the calling thread.
+  BuiltPlan take(std::size_t position) {
+    std::size_t unclaimed = position;
+    if (!next_.compare_exchange_strong(unclaimed, position + 1)) {
+      std::unique_lock lock(mutex_);
+      built_.wait(lock, [&] { return slots_[position].done; });
+      if (slots_[position].plan.graph) return std::move(slots_[position].plan);
+    }
+    return build(graph_, indices_[position]);
+  }
+
+  // No more claims; workers finish the build they are in.
+  void stop() { next_.store(indices_.size()); }
+
+ private:
+  struct Slot {
+    bool done = false;
+    BuiltPlan plan;  // no graph: the worker could not make one
+  };
+
+  static BuiltPlan build(std::shared_ptr<Graph> graph, std::int64_t index) {
+    bool built = false;
+    try {
+      built = graph->build_plan_at_index(index).is_good();
+    } catch (const std::exception&) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+    }
+    return {std::move(graph), built ? index : -1};
+  }
+
+  // Each plan a worker claims is built in a graph made for it and handed over with it: a graph is never used
+  // by two threads at once (a build writes its graph's plan list).
+  void work(int device) {
+    cudnnHandle_t handle = nullptr;
+    try {
+      handle = HandlePool::instance().take(device);
+    } catch (const std::exception&) {
+      return;  // claims nothing: the calling thread builds
+    }
+    for (std::size_t position; (position = next_++) < indices_.size();) {
+      BuiltPlan plan;
+      try {
+        std::shared_ptr<Graph> graph = heuristic_graph(handle, key_, deterministic_);
+        std::string name;
+        if (graph->get_plan_name_at_index(indices_[position], name).is_good() && name == names_[position]) {
+          plan = build(std::move(graph), indices_[position]);
+        }
+      } catch (const std::exception&) {
+      }
+      std::lock_guard lock(mutex_);
+      slots_[position] = {true, std::move(plan)};
+      built_.notify_all();
+    }
+    HandlePool::instance().give_back(device, handle);
+  }
+
+  std::shared_ptr<Graph> graph_;
+  const ConvolutionKey& key_;
+  bool deterministic_;
+  std::vector<std::int64_t> indices_;
+  std::vector<std::string> names_;
+  std::atomic<std::size_t> next_{0};  // the next position to claim
+  std::mutex mutex_;
+  std::condition_variable built_;
+  std::vector<Slot> slots_;  // guarded by mutex_
+  std::vector<std::thread> threads_;
+};
+
+// The threads a search builds plans on, for build_threads 0: the cores this process may run on.
+int automatic_build_threads() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 // A search's state: the graph whose plans are timed, and what has been timed so far.
 class EngineSearch {
@@ -30,17 +163,49 @@ class EngineSearch {
         flush_(allocate, options.flush_l2) {}
 
   Graph& graph() { return *graph_; }
-  std::shared_ptr<Graph> take_graph() { return std::move(graph_); }
 
-  // Builds and times the plan at `index` unless a plan of that name was timed already; returns whether it
-  // was timed and ran. A plan whose knobs cannot all be stored is replaced by its config without them
-  // (`substitute`): cuDNN chooses those knobs itself then, and what is timed is what a replay runs.
+  // Builds and times the plan at `index` of the search's graph unless a plan of that name was timed already;
+  // returns whether it was timed and ran.
   bool time(std::int64_t index, bool substitute = true) {
     std::string name;
     if (graph_->get_plan_name_at_index(index, name).is_bad() || !names_.insert(name).second) return false;
     if (graph_->build_plan_at_index(index).is_bad()) return false;  // not supported, or filtered out
+    return time_built({graph_, index}, name, substitute);
+  }
+
+  // Step 1: heuristics mode A, then the fallback list, in cuDNN's order, until `max_candidates` are timed;
+  // each plan name once (the lists overlap). The plans are built by `builder` (Note [Parallel candidate
+  // builds]), which the caller stops afterwards.
+  void time_heuristics(AheadBuilder& builder, const std::vector<std::string>& names, int max_candidates) {
+    for (std::size_t position = 0; position < builder.size() && static_cast<int>(timed()) < max_candidates;
+         ++position) {
+      const BuiltPlan plan = builder.take(position);
+      // A substitute timed meanwhile may have had this name.
+      if (plan.index >= 0 && names_.insert(names[position]).second) time_built(plan, names[position]);
+    }
+  }
+
+  // The plans of step 1, each name once, in cuDNN's order: their indices in the search's graph and names.
+  std::pair<std::vector<std::int64_t>, std::vector<std::string>> heuristic_plans() const {
+    std::pair<std::vector<std::int64_t>, std::vector<std::string>> plans;
+    std::set<std::string> seen;
+    for (std::int64_t index = 0; index < graph_->get_execution_plan_count(); ++index) {
+      std::string name;
+      if (graph_->get_plan_name_at_index(index, name).is_bad() || !seen.insert(name).second) continue;
+      plans.first.push_back(index);
+      plans.second.push_back(std::move(name));
+    }
+    return plans;
+  }
+
+  std::shared_ptr<Graph> shared_graph() const { return graph_; }
+
+  // Times a built plan of any of the search's graphs, named `name` (in names_). A plan whose knobs cannot all
+  // be stored is replaced by its config without them (`substitute`): cuDNN chooses those knobs itself then,
+  // and what is timed is what a replay runs.
+  bool time_built(const BuiltPlan& plan, const std::string& name, bool substitute = true) {
     bool complete = true;
-    std::optional<EngineCandidate> config = describe_plan(*graph_, index, &complete);
+    std::optional<EngineCandidate> config = describe_plan(*plan.graph, plan.index, &complete);
     if (!config || config->workspace_bytes > options_.max_workspace_bytes) return false;
     if (!complete && substitute) {
       names_.erase(name);  // the replayable config may well be this very plan
@@ -51,13 +216,12 @@ class EngineSearch {
     if (!workspace) return false;  // out of memory: not a candidate here
     Timing timing{options_.warmup, options_.repetitions, &flush_};
     if (best_ms_ < std::numeric_limits<float>::infinity()) timing.give_up_ms = best_ms_ * options_.give_up_ratio;
-    const std::vector<float> times =
-        time_plan(*graph_, handle_, pack_, workspace->data(), index, timing);
+    const std::vector<float> times = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index, timing);
     if (times.empty()) return false;
     config->time_ms = median(times);
     best_ms_ = std::min(best_ms_, config->time_ms);
     configs_.push_back(*config);
-    indices_.push_back(index);
+    plans_.push_back(plan);
     return true;
   }
 
@@ -81,8 +245,8 @@ class EngineSearch {
     std::vector<std::vector<float>> times(finalists.size());
     for (int round = 0; round < options_.repetitions; ++round) {
       for (std::size_t f = 0; f < finalists.size(); ++f) {
-        const std::vector<float> run = time_plan(*graph_, handle_, pack_, workspace->data(),
-                                                 indices_[finalists[f]],
+        const BuiltPlan& plan = plans_[finalists[f]];
+        const std::vector<float> run = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index,
                                                  Timing{round == 0 ? options_.warmup : 0, 1, &flush_});
         if (run.empty()) return;  // it ran before; if it fails now, keep what was measured then
         times[f].push_back(run.front());
@@ -91,13 +255,12 @@ class EngineSearch {
     settle_against_native(configs_, 0, finalists, times);
   }
 
-  // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the graph index of
-  // each.
-  std::pair<std::vector<EngineCandidate>, std::vector<std::int64_t>> ranked() const {
-    std::pair<std::vector<EngineCandidate>, std::vector<std::int64_t>> result;
+  // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the plan of each.
+  std::pair<std::vector<EngineCandidate>, std::vector<BuiltPlan>> ranked() const {
+    std::pair<std::vector<EngineCandidate>, std::vector<BuiltPlan>> result;
     for (std::size_t i : order()) {
       result.first.push_back(configs_[i]);
-      result.second.push_back(indices_[i]);
+      result.second.push_back(plans_[i]);
     }
     return result;
   }
@@ -123,7 +286,7 @@ class EngineSearch {
   L2Flush flush_;
   std::set<std::string> names_;  // of the plans timed: the heuristic lists overlap
   std::vector<EngineCandidate> configs_;
-  std::vector<std::int64_t> indices_;
+  std::vector<BuiltPlan> plans_;  // of configs_
   float best_ms_ = std::numeric_limits<float>::infinity();
 };
 
@@ -137,12 +300,14 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
   EngineSearch search(handle, key, buffers, allocate, options);
   Graph& graph = search.graph();
-  // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run.
-  const std::int64_t heuristic_count = graph.get_execution_plan_count();
-  for (std::int64_t index = 0;
-       index < heuristic_count && static_cast<int>(search.timed()) < options.max_candidates; ++index) {
-    search.time(index);
-  }
+  // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
+  //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
+  const auto [indices, names] = search.heuristic_plans();
+  const int threads = options.build_threads > 0 ? options.build_threads : automatic_build_threads();
+  AheadBuilder builder(search.shared_graph(), key, options.deterministic, indices, names,
+                       std::min(threads, options.max_candidates) - 1);
+  search.time_heuristics(builder, names, options.max_candidates);
+  builder.stop();
   // 2. Mode B's first picks, where they are not among those.
   for (const EngineCandidate& config : mode_b_configs(handle, key, options.mode_b_candidates)) {
     const std::int64_t index = add_plan(graph, config);
@@ -160,11 +325,11 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   }
   // 4. The finalists, timed again side by side.
   search.confirm(options.finalists);
-  auto [ranked, indices] = search.ranked();
+  auto [ranked, plans] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize().
-  if (best_plan && graph.build_plan_at_index(indices.front()).is_good()) {
+  if (best_plan && plans.front().graph->build_plan_at_index(plans.front().index).is_good()) {
     *best_plan = std::shared_ptr<const GraphPlan>(
-        new GraphPlan(static_cast<Direction>(key.direction), search.take_graph(), ranked.front().workspace_bytes));
+        new GraphPlan(static_cast<Direction>(key.direction), plans.front().graph, ranked.front().workspace_bytes));
   }
   return ranked;
 }

@@ -231,6 +231,7 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.mode_b_candidates >= 0, "mode_b_candidates", options.mode_b_candidates, ">= 0");
   check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
   check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
+  check(options.build_threads >= 0, "build_threads", options.build_threads, ">= 0 (0: the cores this process may use)");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
   // Every config a search times must fit in the ranking it stores: these, and heuristics' first pick.
   const double timed = static_cast<double>(options.max_candidates) + options.mode_b_candidates + options.knob_variants;

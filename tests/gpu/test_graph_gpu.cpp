@@ -723,6 +723,44 @@ TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob va
   CHECK(distinct_choices(all));
 }
 
+TEST_CASE("plans built on worker threads: the search times the same heuristic configs as on the caller alone",
+          "[gpu][graph][search]") {
+  // The depthwise key's candidates are mostly engines cuDNN compiles at run time (Note [Parallel candidate
+  // builds]); the dense key's are precompiled.
+  Handle handle;
+  for (const Problem& problem : {depthwise_problem(8), problems()[1]}) {
+    INFO(problem.name);
+    std::mt19937 random(16);
+    Operands operands(problem.key, random);
+    const auto search = [&](int threads, std::shared_ptr<const GraphPlan>* best, double* ms) {
+      GraphSearchOptions options = only_heuristics(10);
+      options.build_threads = threads;
+      const auto started = std::chrono::steady_clock::now();
+      std::vector<EngineCandidate> configs =
+          search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, best);
+      *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+      return configs;
+    };
+    double serial_ms = 0, parallel_ms = 0;
+    const std::vector<EngineCandidate> serial = search(1, nullptr, &serial_ms);
+    std::shared_ptr<const GraphPlan> best;
+    const std::vector<EngineCandidate> parallel = search(8, &best, &parallel_ms);
+    WARN(problem.name << ": " << serial.size() << " configs timed in " << serial_ms << " ms on the caller, "
+                      << parallel.size() << " in " << parallel_ms << " ms with 8 build threads");
+    REQUIRE(parallel.size() == serial.size());
+    CHECK(distinct_choices(parallel));
+    for (const EngineCandidate& config : serial) {
+      CHECK(std::any_of(parallel.begin(), parallel.end(), [&](const EngineCandidate& c) { return c.same_choice(config); }));
+    }
+    // The plan handed back is the best config's, built on a worker or the caller, and runs on the caller's handle.
+    REQUIRE(best != nullptr);
+    CHECK(best->workspace_bytes() == parallel.front().workspace_bytes);
+    auto workspace = best->workspace_bytes() > 0 ? allocate(best->workspace_bytes()) : Workspace();
+    best->execute(handle.handle, operands.buffers(), workspace.data());
+    check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+  }
+}
+
 TEST_CASE("audit times the stored config against the configs both native modes pick", "[gpu][graph][audit]") {
   Handle handle;
   for (const Problem& problem : {problems()[0], problems()[1]}) {

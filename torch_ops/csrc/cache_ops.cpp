@@ -250,7 +250,8 @@ std::string get_backend() { return to_string(Runtime::instance().backend()); }
 void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::int64_t> repetitions,
                         std::optional<std::int64_t> max_candidates, std::optional<std::int64_t> mode_b_candidates,
                         std::optional<std::int64_t> knob_variants, std::optional<std::int64_t> finalists,
-                        std::optional<bool> flush_l2, std::optional<double> give_up_ratio) {
+                        std::optional<bool> flush_l2, std::optional<double> give_up_ratio,
+                        std::optional<std::int64_t> build_threads) {
   Runtime& runtime = Runtime::instance();
   GraphSearchOptions options = runtime.search_options();
   const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
@@ -265,6 +266,7 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
   narrow(mode_b_candidates, options.mode_b_candidates, "mode_b_candidates");
   narrow(knob_variants, options.knob_variants, "knob_variants");
   narrow(finalists, options.finalists, "finalists");
+  narrow(build_threads, options.build_threads, "build_threads");
   if (flush_l2) options.flush_l2 = *flush_l2;
   if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
   rethrow([&] { runtime.set_search_options(options); });
@@ -281,6 +283,7 @@ c10::Dict<std::string, c10::IValue> get_tuning_options() {
   result.insert("finalists", static_cast<std::int64_t>(options.finalists));
   result.insert("flush_l2", options.flush_l2);
   result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
+  result.insert("build_threads", static_cast<std::int64_t>(options.build_threads));
   return result;
 }
 

@@ -182,7 +182,10 @@ def set_tuning_options(**options) -> None:
       if those rounds show it faster (a sign test: with 7 repetitions, faster in every round); 0 keeps the
       first timings, without that guarantee;
     - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
-    - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best.
+    - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best;
+    - build_threads (0): threads that build the heuristics' candidates (cuDNN compiles some engines at run
+      time, 50-200 ms each) while the calling thread times those built; 0: the cores this process may run
+      on; 1: build on the calling thread only.
     """
     unknown = set(options) - set(tuning_options())
     if unknown:

@@ -22,7 +22,8 @@
 //      engines only when asked. The lists overlap, so each plan name is timed once. The first
 //      `max_candidates` that build are timed: building a plan costs milliseconds (50-200 ms for an engine
 //      cuDNN compiles at run time), so building all of them made tuning slower than PyTorch's benchmark mode,
-//      which stops at cudnn.benchmark_limit (10) as well;
+//      which stops at cudnn.benchmark_limit (10) as well. They are built ahead on `build_threads` threads
+//      while the calling thread times those built (Note [Parallel candidate builds], graph_search.cpp);
 //   2. heuristics mode B's first `mode_b_candidates` picks: a second opinion, at more CPU time per query;
 //   3. the best config so far with one knob moved to a neighbouring value (each knob's range and step come
 //      from cuDNN; nearest values first, `knob_variants` of them). Heuristics give each engine one knob

@@ -194,6 +194,9 @@ struct GraphSearchOptions {
   bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
   float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
+  // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
+  // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
+  int build_threads = 0;
   // Configs that need more workspace are not timed: the runtime's workspace limit (Note [Workspace limit]).
   std::uint64_t max_workspace_bytes = std::numeric_limits<std::uint64_t>::max();
 };
