@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "cudnn_cache/error.h"
 #include "graph_internal.h"
@@ -41,22 +42,43 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
                       configs.size());
   const auto native_finalist = std::find(finalists.begin(), finalists.end(), native);
   CUDNN_CACHE_REQUIRE(native_finalist != finalists.end(), "settle_against_native: native's pick was not timed");
-  const std::vector<float>& native_rounds = rounds[native_finalist - finalists.begin()];
-  const float native_ms = graph_internal::median(native_rounds);
+  const std::size_t native_f = static_cast<std::size_t>(native_finalist - finalists.begin());
+  for (std::size_t f = 0; f < finalists.size(); ++f) {
+    CUDNN_CACHE_REQUIRE(rounds[f].size() == rounds[native_f].size(), "settle_against_native: finalist ", f,
+                        " has ", rounds[f].size(), " rounds, native's pick ", rounds[native_f].size());
+  }
+  // Per-round ratios of finalist a's time to finalist b's.
+  const auto ratios = [&](std::size_t a, std::size_t b) {
+    std::vector<float> result(rounds[a].size());
+    for (std::size_t r = 0; r < result.size(); ++r) result[r] = rounds[a][r] / rounds[b][r];
+    return result;
+  };
+  const float native_ms = graph_internal::median(rounds[native_f]);
+  // The challengers shown faster than native's pick, in the order the search timed them (positions in configs),
+  // and the leader among them: the first, unless a later one is shown faster than the leader so far.
+  std::vector<std::size_t> faster;
+  for (std::size_t f = 0; f < finalists.size(); ++f) {
+    if (f != native_f && median_below_one(ratios(f, native_f))) faster.push_back(f);
+  }
+  std::sort(faster.begin(), faster.end(), [&](std::size_t a, std::size_t b) { return finalists[a] < finalists[b]; });
+  std::optional<std::size_t> leader;
+  for (std::size_t f : faster) {
+    if (!leader || median_below_one(ratios(f, *leader))) leader = f;
+  }
+  const float leader_ms = leader ? native_ms * graph_internal::median(ratios(*leader, native_f)) : native_ms;
   std::vector<bool> settled(configs.size(), false);
   for (std::size_t f = 0; f < finalists.size(); ++f) {
     EngineCandidate& config = configs[finalists[f]];
     settled[finalists[f]] = true;
-    if (finalists[f] == native) {
+    if (f == native_f) {
       config.time_ms = native_ms;
-      continue;
+    } else if (leader && f == *leader) {
+      config.time_ms = leader_ms;
+    } else if (std::find(faster.begin(), faster.end(), f) != faster.end()) {  // faster than native, not the leader
+      config.time_ms = std::max(native_ms * graph_internal::median(ratios(f, native_f)), just_after(leader_ms));
+    } else {
+      config.time_ms = std::max(graph_internal::median(rounds[f]), just_after(native_ms));
     }
-    CUDNN_CACHE_REQUIRE(rounds[f].size() == native_rounds.size(), "settle_against_native: finalist ", f, " has ",
-                        rounds[f].size(), " rounds, native's pick ", native_rounds.size());
-    std::vector<float> ratios(rounds[f].size());
-    for (std::size_t r = 0; r < ratios.size(); ++r) ratios[r] = rounds[f][r] / native_rounds[r];
-    config.time_ms = median_below_one(ratios) ? native_ms * graph_internal::median(ratios)
-                                              : std::max(graph_internal::median(rounds[f]), just_after(native_ms));
   }
   for (std::size_t i = 0; i < configs.size(); ++i) {
     if (!settled[i] && configs[i].time_ms <= native_ms) configs[i].time_ms = just_after(native_ms);

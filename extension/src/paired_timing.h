@@ -11,9 +11,15 @@
 // by chance, and near-ties resolve to native's pick in every run and on every rank. Configs that were not in
 // the rounds (slower in the first pass) have no paired evidence either, and go behind native's pick too.
 //
-// Times after the rounds: native's pick gets the median of its rounds; a challenger shown faster gets that
-// times its median ratio (the paired estimate, below native's time); one not shown faster gets the later of its
-// own median and one step behind native's.
+// Among the challengers shown faster, near-ties resolve the same way: in the order the search timed them
+// (cuDNN's heuristic order first), the first leads unless a later one is shown faster than the leader so far,
+// by the same test on their own per-round ratios. Which of two configs within each other's noise leads is then
+// fixed by that order, not by which was luckier in this run, so two runs (or two ranks) store the same choice.
+//
+// Times after the rounds: native's pick gets the median of its rounds; the leader gets that times its median
+// ratio to native's pick (the paired estimate, below native's time); another challenger shown faster gets the
+// later of its own estimate and one step behind the leader's; one not shown faster gets the later of its own
+// median and one step behind native's.
 
 #include <cstddef>
 #include <vector>
@@ -27,7 +33,8 @@ namespace cudnn_cache {
 bool median_below_one(std::vector<float> ratios);
 
 // Sets the times of `configs` from the rounds in which the configs at `finalists` (positions in configs, one
-// of them `native`) were timed together: rounds[f][r] is finalist f's time in round r. See the Note.
+// of them `native`; a lower position was timed earlier by the search) were timed together: rounds[f][r] is
+// finalist f's time in round r. See the Note.
 void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t native,
                            const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds);
 

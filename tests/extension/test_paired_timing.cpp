@@ -82,6 +82,32 @@ TEST_CASE("without a challenger shown faster, native's pick ranks first, whateve
   CHECK(ranked_engines(configs).front() == 10);
 }
 
+TEST_CASE("among challengers faster than native's pick, near-ties go to the one timed first", "[paired_timing]") {
+  // Native's pick (position 0), then challengers in the order the search timed them. 1 and 2 both beat native
+  // in every round and are within each other's noise; 2 has the lower median ratio in this run.
+  std::vector<EngineCandidate> configs{config(10, 1.00f), config(20, 0.90f), config(30, 0.89f)};
+  const std::vector<std::vector<float>> tied{
+      {1.00f, 1.00f, 1.00f, 1.00f, 1.00f, 1.00f, 1.00f},
+      {0.90f, 0.88f, 0.91f, 0.89f, 0.90f, 0.92f, 0.90f},
+      {0.89f, 0.90f, 0.88f, 0.90f, 0.88f, 0.91f, 0.89f}};
+  settle_against_native(configs, 0, {0, 1, 2}, tied);
+  CHECK(ranked_engines(configs) == std::vector<std::int64_t>{20, 30, 10});
+  CHECK(configs[1].time_ms == Approx(0.90f).epsilon(1e-6));  // the leader: native's time x its median ratio
+  CHECK(configs[2].time_ms == after(configs[1].time_ms));   // its 0.89 is not shown faster than the leader's
+  // Listed in another order, the same rounds give the same leader: the order is the search's, not the list's.
+  std::vector<EngineCandidate> again{config(10, 1.00f), config(20, 0.90f), config(30, 0.89f)};
+  settle_against_native(again, 0, {2, 0, 1}, {tied[2], tied[0], tied[1]});
+  CHECK(ranked_engines(again) == std::vector<std::int64_t>{20, 30, 10});
+
+  // A later challenger shown faster than the leader so far (in every round) takes the lead.
+  std::vector<EngineCandidate> clear{config(10, 1.00f), config(20, 0.90f), config(30, 0.80f)};
+  settle_against_native(clear, 0, {0, 1, 2},
+                        {tied[0], tied[1], {0.80f, 0.79f, 0.81f, 0.80f, 0.78f, 0.80f, 0.81f}});
+  CHECK(ranked_engines(clear) == std::vector<std::int64_t>{30, 20, 10});
+  CHECK(clear[2].time_ms == Approx(0.80f).epsilon(1e-6));
+  CHECK(clear[1].time_ms == Approx(0.90f).epsilon(1e-6));  // its own estimate, behind the leader's already
+}
+
 TEST_CASE("settling refuses rounds that do not match the finalists", "[paired_timing]") {
   std::vector<EngineCandidate> configs{config(10, 1.0f), config(20, 0.9f)};
   CHECK_THROWS_WITH(settle_against_native(configs, 0, {1}, {{0.9f}}),
