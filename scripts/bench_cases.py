@@ -41,6 +41,10 @@ WORKLOADS: Dict[str, Workload] = {
     "conv3d_fp32": Workload("3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2)", "conv3d_stack", 2,
                             (1, 64, 64, 64), "float32"),
     "seed": Workload("two-conv model of the seed (bs7, 32x32)", "seed", 7, (3, 32, 32), "float32"),
+    # Grouped 3x3 convolutions of group width 8 in fp32, where cuDNN's FFMA and TF32 wgrad engines are close
+    # and a stored choice was once slower than native's (issue 16).
+    "regnet_y_400mf_fp32": Workload("RegNetY-400MF fp32 bs64 (grouped, group width 8)", "regnet_y_400mf", 64,
+                                    (3, 224, 224), "float32"),
 }
 OVERHEAD = "overhead"  # the host-overhead micro case, selected with --workloads like a workload
 
