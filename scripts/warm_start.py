@@ -11,6 +11,14 @@ entries accumulate across runs (and across models).
     python3 scripts/warm_start.py --torchscript model.pt --shape 3,32,32 --batch-size 7 --output model.cache
     torchrun --nproc-per-node 8 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 \\
         --output resnet50.cache
+    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive \\
+        --output resnet50.cache
+
+--exhaustive times every engine config cuDNN offers for each convolution (heuristics modes A and B and the
+fallback list, and a wider knob neighbourhood: the tuning option exhaustive=True), minutes where the default
+takes seconds, for CI or a one-off tuning job whose file every later run loads. It searches every key of the
+model again, whether or not the file holds it, and the save merges with the file (per key, the faster
+measurement of each candidate wins).
 
 Under torchrun (WORLD_SIZE > 1) each rank takes GPU LOCAL_RANK and runs the model once under the 'record'
 miss policy (cuDNN's heuristics, every missed key remembered); cudnn_cache.distributed.sync() then has each
@@ -54,7 +62,10 @@ def parse_args(argv):
     parser.add_argument("--batch-size", type=int, action="append", required=True, help="repeat for several")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--channels-last", action="store_true", help="run in channels_last (NHWC / NDHWC)")
-    parser.add_argument("--output", required=True, help="the cache file to write (loaded first if it exists)")
+    parser.add_argument("--output", required=True,
+                        help="the cache file to write (loaded first if it exists, unless --exhaustive)")
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
     parser.add_argument("--device", default="cuda",
                         help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
     args = parser.parse_args(argv)
@@ -143,7 +154,10 @@ def warm_start(args, cudnn_cache, rank_device) -> int:
     device = rank_device if distributed else torch.device(args.device)
     dtype = DTYPES[args.dtype]
     started = time.perf_counter()
-    loaded = cudnn_cache.load(args.output) if os.path.exists(args.output) else 0
+    # An exhaustive run searches every key again: what the file holds was (most likely) found by a shorter search.
+    loaded = cudnn_cache.load(args.output) if os.path.exists(args.output) and not args.exhaustive else 0
+    if args.exhaustive:
+        cudnn_cache.set_tuning_options(exhaustive=True)
     model = build_model(args, device, dtype)
     cudnn_cache.reset_stats()
 

@@ -265,20 +265,20 @@ std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const Convolut
   return configs;
 }
 
-// Variants of `best` that change one knob to a neighbouring value cuDNN allows (Note [Engine configs]), at
-// most `count` of them, nearest values first.
-std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& best, int count) {
+// Variants of `best` that change one knob by at most `distance` steps to a value cuDNN allows (Note [Engine
+// configs]), at most `count` of them, nearest values first.
+std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& best, int count, int distance) {
   std::vector<EngineCandidate> variants;
   std::vector<fe::Knob> ranges;
   if (count <= 0 || graph.get_knobs_for_engine(best.engine_id, ranges).is_bad()) return variants;
-  for (int distance = 1; distance <= 2; ++distance) {
+  for (int steps = 1; steps <= distance; ++steps) {
     for (const fe::Knob& range : ranges) {
       const Knob* knob = std::find_if(best.knobs_begin(), best.knobs_end(), [&](const Knob& k) {
         return k.type == static_cast<std::int64_t>(range.type);
       });
       if (knob == best.knobs_end() || range.stride <= 0) continue;
       for (const int sign : {1, -1}) {
-        const std::int64_t value = knob->value + sign * distance * range.stride;
+        const std::int64_t value = knob->value + sign * steps * range.stride;
         if (value < range.minValue || value > range.maxValue) continue;
         EngineCandidate changed = best;
         changed.knobs[knob - best.knobs_begin()].value = value;

@@ -80,7 +80,7 @@ std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKe
 // The first `count` configs of heuristics mode B that mode A ranks differently.
 std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count);
 
-// Variants of `best` that change one knob to a neighbouring value cuDNN allows, at most `count`.
-std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& best, int count);
+// Variants of `best` that change one knob by at most `distance` steps to a value cuDNN allows, at most `count`.
+std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& best, int count, int distance);
 
 }  // namespace cudnn_cache::graph_internal

@@ -143,6 +143,28 @@ class AheadBuilder {
   std::vector<std::thread> threads_;
 };
 
+// Note [Exhaustive search]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The default search stops where native benchmark mode does (the first 10 heuristic configs that build) and
+// adds a little (mode B's first 3 picks, 4 knob variants), because its cost is paid in a training process. An
+// offline warm start (scripts/warm_start.py --exhaustive, tuning option exhaustive=True) pays it once for every
+// later process, so it times everything cuDNN offers: every config of heuristics mode A, the fallback list and
+// mode B, the best one's knob variants up to 4 steps away (at most 32; runtime-compiled engines too), and at
+// least 5 finalists against native's pick. That is where a stored choice can beat both native modes. The
+// ranking keeps the fastest kMaxEngineConfigs, native's pick always among them (only the challengers shown
+// faster in the paired rounds, at most the finalists, rank before it).
+
+// How many candidates each step of a search times.
+struct Bounds {
+  int heuristic, mode_b, knob_variants, knob_distance, finalists;
+};
+
+Bounds bounds_of(const GraphSearchOptions& options) {
+  constexpr int kAll = std::numeric_limits<int>::max();
+  if (options.exhaustive) return {kAll, kAll, 32, 4, std::max(options.finalists, 5)};
+  return {options.max_candidates, options.mode_b_candidates, options.knob_variants, 2, options.finalists};
+}
+
 // The threads a search builds plans on, for build_threads 0: the cores this process may run on.
 int automatic_build_threads() {
   cpu_set_t cpus;
@@ -300,31 +322,33 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
   EngineSearch search(handle, key, buffers, allocate, options);
   Graph& graph = search.graph();
+  const Bounds bounds = bounds_of(options);
   // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
   const auto [indices, names] = search.heuristic_plans();
   const int threads = options.build_threads > 0 ? options.build_threads : automatic_build_threads();
   AheadBuilder builder(search.shared_graph(), key, options.deterministic, indices, names,
-                       std::min(threads, options.max_candidates) - 1);
-  search.time_heuristics(builder, names, options.max_candidates);
+                       std::min(threads, bounds.heuristic) - 1);
+  search.time_heuristics(builder, names, bounds.heuristic);
   builder.stop();
   // 2. Mode B's first picks, where they are not among those.
-  for (const EngineCandidate& config : mode_b_configs(handle, key, options.mode_b_candidates)) {
+  for (const EngineCandidate& config : mode_b_configs(handle, key, bounds.mode_b)) {
     const std::int64_t index = add_plan(graph, config);
     if (index >= 0) search.time(index);
   }
   CUDNN_CACHE_REQUIRE(search.timed() > 0, "cuDNN graph API: no engine config runs ", key,
                       within_workspace_limit(options.max_workspace_bytes));
   // 3. The best so far with one knob moved to a neighbouring value, unless cuDNN compiles it at run time
-  //    (each variant would be another compilation of 50-200 ms).
+  //    (each variant would be another compilation of 50-200 ms) and the search is not exhaustive.
   const EngineCandidate best = search.ranked().first.front();
-  const int variants = (best.behavior_notes & EngineCandidate::kRuntimeCompiled) ? 0 : options.knob_variants;
-  for (const EngineCandidate& variant : knob_variants(graph, best, variants)) {
+  const bool compiled = (best.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
+  const int variants = compiled && !options.exhaustive ? 0 : bounds.knob_variants;
+  for (const EngineCandidate& variant : knob_variants(graph, best, variants, bounds.knob_distance)) {
     const std::int64_t index = add_plan(graph, variant);
     if (index >= 0) search.time(index);
   }
   // 4. The finalists, timed again side by side.
-  search.confirm(options.finalists);
+  search.confirm(bounds.finalists);
   auto [ranked, plans] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize().
   if (best_plan && plans.front().graph->build_plan_at_index(plans.front().index).is_good()) {

@@ -233,8 +233,11 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
   check(options.build_threads >= 0, "build_threads", options.build_threads, ">= 0 (0: the cores this process may use)");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
-  // Every config a search times must fit in the ranking it stores: these, and heuristics' first pick.
-  const double timed = static_cast<double>(options.max_candidates) + options.mode_b_candidates + options.knob_variants;
+  // Every config a search times must fit in the ranking it stores: these, and heuristics' first pick. An
+  // exhaustive search keeps the fastest that fit, native's pick among them (Note [Exhaustive search]).
+  const double timed = options.exhaustive ? 0.0
+                                          : static_cast<double>(options.max_candidates) + options.mode_b_candidates +
+                                                options.knob_variants;
   check(timed + 1 <= kMaxEngineConfigs, "max_candidates + mode_b_candidates + knob_variants", timed,
         detail::concat("at most ", kMaxEngineConfigs - 1, " (a ranking keeps ", kMaxEngineConfigs,
                        " engine configs, heuristics' first pick among them)")

@@ -761,6 +761,30 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
   }
 }
 
+TEST_CASE("an exhaustive search times more configs than the default one and keeps the fastest that fit",
+          "[gpu][graph][search]") {
+  Handle handle;
+  const Problem problem = problems()[1];
+  std::mt19937 random(17);
+  Operands operands(problem.key, random);
+  const std::vector<EngineCandidate> ten =
+      search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, only_heuristics(10));
+  GraphSearchOptions options;
+  options.exhaustive = true;
+  std::shared_ptr<const GraphPlan> best;
+  const std::vector<EngineCandidate> all =
+      search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, &best);
+  WARN(problem.name << ": " << ten.size() << " heuristic configs timed by default, " << all.size()
+                    << " kept of an exhaustive search");
+  CHECK(all.size() <= kMaxEngineConfigs);
+  CHECK((all.size() > ten.size() || all.size() == kMaxEngineConfigs));
+  CHECK(distinct_choices(all));
+  REQUIRE(best != nullptr);
+  auto workspace = best->workspace_bytes() > 0 ? allocate(best->workspace_bytes()) : Workspace();
+  best->execute(handle.handle, operands.buffers(), workspace.data());
+  check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+}
+
 TEST_CASE("audit times the stored config against the configs both native modes pick", "[gpu][graph][audit]") {
   Handle handle;
   for (const Problem& problem : {problems()[0], problems()[1]}) {

@@ -185,7 +185,10 @@ def set_tuning_options(**options) -> None:
     - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best;
     - build_threads (0): threads that build the heuristics' candidates (cuDNN compiles some engines at run
       time, 50-200 ms each) while the calling thread times those built; 0: the cores this process may run
-      on; 1: build on the calling thread only.
+      on; 1: build on the calling thread only;
+    - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's
+      heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least;
+      the bounds above on candidates are ignored. Minutes per model, paid once.
     """
     unknown = set(options) - set(tuning_options())
     if unknown:

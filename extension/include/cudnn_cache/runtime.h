@@ -197,6 +197,10 @@ struct GraphSearchOptions {
   // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
   // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
   int build_threads = 0;
+  // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
+  // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
+  // the bounds above on candidates are then ignored.
+  bool exhaustive = false;
   // Configs that need more workspace are not timed: the runtime's workspace limit (Note [Workspace limit]).
   std::uint64_t max_workspace_bytes = std::numeric_limits<std::uint64_t>::max();
 };

@@ -1,0 +1,57 @@
+"""scripts/warm_start.py: its arguments, what it does without a GPU, and on a GPU the exhaustive search it runs
+with --exhaustive (more engine configs timed per key than the default search)."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "warm_start.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import warm_start  # noqa: E402
+
+
+def test_arguments_take_exhaustive_and_repeated_shapes():
+    args = warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--shape", "3,64,64",
+                                  "--batch-size", "2", "--output", "x.cache", "--exhaustive"])
+    assert args.exhaustive and args.shape == [(3, 32, 32), (3, 64, 64)] and args.batch_size == [2]
+    assert not warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2",
+                                      "--output", "x.cache"]).exhaustive
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a GPU")
+def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path):
+    output = tmp_path / "x.cache"
+    process = subprocess.run([sys.executable, str(SCRIPT), "--model", "resnet18", "--shape", "3,32,32",
+                              "--batch-size", "2", "--output", str(output), "--exhaustive"],
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 2, process.stderr
+    assert "no CUDA GPU" in process.stderr and not output.exists()
+
+
+@pytest.mark.gpu
+def test_exhaustive_times_more_engine_configs_per_key_than_the_default(cache_state, child_env, tmp_path):
+    cudnn_cache = cache_state
+    torch.manual_seed(0)
+    model = cudnn_cache.convert(nn.Conv2d(16, 32, 3, padding=1, bias=False)).cuda()
+    torch.jit.script(model).save(str(tmp_path / "model.pt"))
+    for name, extra in (("default", []), ("exhaustive", ["--exhaustive"])):
+        process = subprocess.run([sys.executable, str(SCRIPT), "--torchscript", str(tmp_path / "model.pt"),
+                                  "--shape", "16,20,20", "--batch-size", "4", "--output", str(tmp_path / name),
+                                  *extra], env=child_env, capture_output=True, text=True, timeout=600)
+        assert process.returncode == 0, process.stderr[-3000:]
+    x = torch.randn(4, 16, 20, 20, device="cuda")
+    configs = {}
+    for name in ("default", "exhaustive"):
+        cudnn_cache.clear()
+        assert cudnn_cache.load(str(tmp_path / name)) == 3  # forward, backward-data, backward-filter
+        configs[name] = {direction: cudnn_cache.query(direction, cudnn_cache.conv_key(
+            direction, x, model.weight, [1, 1], [1, 1], [1, 1], 1)) for direction in
+            ("forward", "backward_data", "backward_filter")}
+    for direction in configs["default"]:
+        assert len(configs["exhaustive"][direction]) >= len(configs["default"][direction]), direction
+    assert sum(map(len, configs["exhaustive"].values())) > sum(map(len, configs["default"].values()))
