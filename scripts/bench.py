@@ -272,7 +272,7 @@ def parse_args(argv=None):
             tuning[name] = float(value) if name == "give_up_ratio" else int(value)
         except ValueError:
             parser.error(f"--tuning {name}: {value!r} is not a number")
-        if name == "flush_l2":
+        if name in ("flush_l2", "exhaustive"):  # the tuning options that are flags
             tuning[name] = bool(tuning[name])
     args.tuning = tuning
     args.json = args.json or args.output_dir / "bench.json"

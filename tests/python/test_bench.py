@@ -405,10 +405,11 @@ def test_default_arguments():
 
 
 def test_tuning_arguments_are_typed_and_passed_to_each_case():
-    args = bench.parse_args(["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "--audit"])
-    assert args.tuning == {"flush_l2": False, "repetitions": 9, "give_up_ratio": 2.5} and args.audit
+    args = bench.parse_args(["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1", "--audit"])
+    assert args.tuning == {"flush_l2": False, "repetitions": 9, "give_up_ratio": 2.5, "exhaustive": True}
+    assert args.audit
     command = bench.case_command("seed:cache_cold", args, None)
-    assert command[-4:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5"]
+    assert command[-5:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1"]
     assert "--audit" in command
     assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
     quick = bench.parse_args(["--quick", "--steps", "20"])
