@@ -26,23 +26,25 @@ using namespace graph_internal;
 
 // Note [Parallel candidate builds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Building a plan is CPU work: milliseconds for most engines, an NVRTC compilation of 50-200 ms for those cuDNN
-// compiles at run time (depthwise and inverted-bottleneck networks' keys are full of them). Timing is GPU work
-// and stays on the calling thread, one candidate at a time. So step 1's candidates (heuristics mode A and the
-// fallback list, the bulk of a search) are built ahead: `build_threads - 1` workers (at most max_candidates - 1),
-// each on a cuDNN handle of the HandlePool, claim candidates in cuDNN's order and build them, while the calling
-// thread times what is built, in that same order. The calling thread builds a candidate itself when no worker
-// has claimed it yet, so with build_threads 1 the search is the serial one, and with workers it waits only for
-// builds already under way. Once enough candidates are timed the workers stop after the build they are in,
-// while steps 2-4 time.
+// Building a plan is CPU work: about a millisecond for most engines, an NVRTC compilation of 50-200 ms for those
+// cuDNN compiles at run time (depthwise and inverted-bottleneck networks' keys are full of them). Timing is GPU
+// work and stays on the calling thread, one candidate at a time. So step 1's runtime-compiled candidates
+// (heuristics mode A and the fallback list are the bulk of a search) are built ahead: up to `build_threads - 1`
+// workers, each on a cuDNN handle of the HandlePool, claim them in cuDNN's order and build them while the
+// calling thread times what is built, in that same order. The calling thread builds every other candidate, and
+// any compiled one no worker has claimed yet, itself: with build_threads 1, or no compiled candidate after the
+// first, the search is the serial one, and otherwise it waits only for compilations already under way. Once
+// enough candidates are timed the workers stop after the build they are in, while steps 2-4 time.
 //
-// A worker builds each candidate in a graph of its own, made for it as the calling thread's was
-// (heuristic_graph: the same query, the same filters) and handed over with the plan, so no graph is ever used
-// by two threads (a build writes its graph's plan list). What is timed does not change: where the worker's
-// graph has another plan at that position (cuDNN's heuristics are deterministic; this is a safeguard), or it
-// could not make one, the calling thread builds the candidate in its own graph. Plans built on pool handles
-// run on the caller's, as prepare()'s do. Mode B's picks, knob variants and substitutes are few and are built
-// on the calling thread.
+// Precompiled engines stay on the calling thread because a worker's build costs more than its own: a worker
+// builds each candidate in a graph of its own, made for it as the calling thread's was (heuristic_graph: the
+// same query, the same filters, a millisecond or two) and handed over with the plan, so no graph is ever used by
+// two threads (a build writes its graph's plan list). Measured on the H200 with every candidate farmed out, a
+// search of 8 precompiled configs took 26 ms against 10.8 ms serially. What is timed does not change: where a
+// worker's graph has another plan at that position (cuDNN's heuristics are deterministic; this is a safeguard),
+// or it could not make one, the calling thread builds the candidate in its own graph. Plans built on pool
+// handles run on the caller's, as prepare()'s do. Mode B's picks, knob variants and substitutes are few and are
+// built on the calling thread.
 
 // A plan of some graph of the search: the graph and the plan's index in it.
 struct BuiltPlan {
@@ -50,15 +52,25 @@ struct BuiltPlan {
   std::int64_t index = -1;
 };
 
-// Builds step 1's candidates ahead of the timing (Note [Parallel candidate builds]). `indices` are plans of the
-// calling thread's `graph`, `names` their names, in the order the caller takes them with take().
+// Step 1's candidates: plans of the calling thread's graph, each name once, in cuDNN's order, and whether
+// cuDNN compiles each at run time.
+struct HeuristicPlans {
+  std::vector<std::int64_t> indices;
+  std::vector<std::string> names;
+  std::vector<bool> compiled;
+};
+
+// Builds step 1's runtime-compiled candidates ahead of the timing (Note [Parallel candidate builds]), in the
+// order the calling thread takes the candidates with take().
 class AheadBuilder {
  public:
   AheadBuilder(std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
-               std::vector<std::int64_t> indices, std::vector<std::string> names, int workers)
-      : graph_(std::move(graph)), key_(key), deterministic_(deterministic), indices_(std::move(indices)),
-        names_(std::move(names)), slots_(indices_.size()) {
-    workers = std::min(workers, static_cast<int>(indices_.size()) - 1);
+               const HeuristicPlans& plans, int workers)
+      : graph_(std::move(graph)), key_(key), deterministic_(deterministic), plans_(plans),
+        claimed_(new std::atomic<bool>[plans.indices.size()]()), slots_(plans.indices.size()) {
+    // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it.
+    const auto ahead = plans.compiled.empty() ? 0 : std::count(plans.compiled.begin() + 1, plans.compiled.end(), true);
+    workers = std::min<int>(workers, static_cast<int>(ahead));
     int device = 0;
     if (workers <= 0 || cudaGetDevice(&device) != cudaSuccess) return;
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this, device] { work(device); });
@@ -72,29 +84,33 @@ class AheadBuilder {
   AheadBuilder(const AheadBuilder&) = delete;
   AheadBuilder& operator=(const AheadBuilder&) = delete;
 
-  std::size_t size() const { return indices_.size(); }
+  std::size_t size() const { return plans_.indices.size(); }
 
-  // The plan at `position` of the list, built; its index is -1 where it does not build. Built by a worker, or
-  // now in the calling thread's graph where no worker claimed it or a worker could not make its graph.
-  // Positions are taken in order, each once, on the calling thread.
+  // The plan at `position`, built; its index is -1 where it does not build. Built by a worker, or now in the
+  // calling thread's graph where no worker claimed it or a worker could not make its graph. Positions are
+  // taken in order, each once, on the calling thread.
   BuiltPlan take(std::size_t position) {
-    std::size_t unclaimed = position;
-    if (!next_.compare_exchange_strong(unclaimed, position + 1)) {
+    if (!claim(position)) {
       std::unique_lock lock(mutex_);
       built_.wait(lock, [&] { return slots_[position].done; });
       if (slots_[position].plan.graph) return std::move(slots_[position].plan);
     }
-    return build(graph_, indices_[position]);
+    return build(graph_, plans_.indices[position]);
   }
 
   // No more claims; workers finish the build they are in.
-  void stop() { next_.store(indices_.size()); }
+  void stop() { stopped_.store(true); }
 
  private:
   struct Slot {
     bool done = false;
     BuiltPlan plan;  // no graph: the worker could not make one
   };
+
+  bool claim(std::size_t position) {
+    bool expected = false;
+    return claimed_[position].compare_exchange_strong(expected, true);
+  }
 
   static BuiltPlan build(std::shared_ptr<Graph> graph, std::int64_t index) {
     bool built = false;
@@ -105,8 +121,8 @@ class AheadBuilder {
     return {std::move(graph), built ? index : -1};
   }
 
-  // Each plan a worker claims is built in a graph made for it and handed over with it: a graph is never used
-  // by two threads at once (a build writes its graph's plan list).
+  // Workers claim runtime-compiled candidates only, in order; each is built in a graph made for it and handed
+  // over with it: a graph is never used by two threads at once (a build writes its graph's plan list).
   void work(int device) {
     cudnnHandle_t handle = nullptr;
     try {
@@ -114,13 +130,15 @@ class AheadBuilder {
     } catch (const std::exception&) {
       return;  // claims nothing: the calling thread builds
     }
-    for (std::size_t position; (position = next_++) < indices_.size();) {
+    for (std::size_t position; !stopped_.load() && (position = cursor_++) < size();) {
+      if (!plans_.compiled[position] || !claim(position)) continue;
       BuiltPlan plan;
       try {
         std::shared_ptr<Graph> graph = heuristic_graph(handle, key_, deterministic_);
+        const std::int64_t index = plans_.indices[position];
         std::string name;
-        if (graph->get_plan_name_at_index(indices_[position], name).is_good() && name == names_[position]) {
-          plan = build(std::move(graph), indices_[position]);
+        if (graph->get_plan_name_at_index(index, name).is_good() && name == plans_.names[position]) {
+          plan = build(std::move(graph), index);
         }
       } catch (const std::exception&) {
       }
@@ -134,9 +152,10 @@ class AheadBuilder {
   std::shared_ptr<Graph> graph_;
   const ConvolutionKey& key_;
   bool deterministic_;
-  std::vector<std::int64_t> indices_;
-  std::vector<std::string> names_;
-  std::atomic<std::size_t> next_{0};  // the next position to claim
+  const HeuristicPlans& plans_;
+  std::unique_ptr<std::atomic<bool>[]> claimed_;  // per position: taken by a worker or the calling thread
+  std::atomic<std::size_t> cursor_{0};            // the next position a worker looks at
+  std::atomic<bool> stopped_{false};
   std::mutex mutex_;
   std::condition_variable built_;
   std::vector<Slot> slots_;  // guarded by mutex_
@@ -198,24 +217,28 @@ class EngineSearch {
   // Step 1: heuristics mode A, then the fallback list, in cuDNN's order, until `max_candidates` are timed;
   // each plan name once (the lists overlap). The plans are built by `builder` (Note [Parallel candidate
   // builds]), which the caller stops afterwards.
-  void time_heuristics(AheadBuilder& builder, const std::vector<std::string>& names, int max_candidates) {
+  void time_heuristics(AheadBuilder& builder, const HeuristicPlans& plans, int max_candidates) {
     for (std::size_t position = 0; position < builder.size() && static_cast<int>(timed()) < max_candidates;
          ++position) {
       const BuiltPlan plan = builder.take(position);
       // A substitute timed meanwhile may have had this name.
-      if (plan.index >= 0 && names_.insert(names[position]).second) time_built(plan, names[position]);
+      if (plan.index >= 0 && names_.insert(plans.names[position]).second) time_built(plan, plans.names[position]);
     }
   }
 
-  // The plans of step 1, each name once, in cuDNN's order: their indices in the search's graph and names.
-  std::pair<std::vector<std::int64_t>, std::vector<std::string>> heuristic_plans() const {
-    std::pair<std::vector<std::int64_t>, std::vector<std::string>> plans;
+  // The plans of step 1 in the search's graph.
+  HeuristicPlans heuristic_plans() const {
+    HeuristicPlans plans;
     std::set<std::string> seen;
     for (std::int64_t index = 0; index < graph_->get_execution_plan_count(); ++index) {
       std::string name;
       if (graph_->get_plan_name_at_index(index, name).is_bad() || !seen.insert(name).second) continue;
-      plans.first.push_back(index);
-      plans.second.push_back(std::move(name));
+      std::vector<fe::BehaviorNote_t> notes;
+      const bool compiled = graph_->get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
+                            std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
+      plans.indices.push_back(index);
+      plans.names.push_back(std::move(name));
+      plans.compiled.push_back(compiled);
     }
     return plans;
   }
@@ -325,11 +348,10 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   const Bounds bounds = bounds_of(options);
   // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
-  const auto [indices, names] = search.heuristic_plans();
+  const HeuristicPlans plans = search.heuristic_plans();
   const int threads = options.build_threads > 0 ? options.build_threads : automatic_build_threads();
-  AheadBuilder builder(search.shared_graph(), key, options.deterministic, indices, names,
-                       std::min(threads, bounds.heuristic) - 1);
-  search.time_heuristics(builder, names, bounds.heuristic);
+  AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans, std::min(threads, bounds.heuristic) - 1);
+  search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
   // 2. Mode B's first picks, where they are not among those.
   for (const EngineCandidate& config : mode_b_configs(handle, key, bounds.mode_b)) {
@@ -349,11 +371,11 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   }
   // 4. The finalists, timed again side by side.
   search.confirm(bounds.finalists);
-  auto [ranked, plans] = search.ranked();
+  auto [ranked, built] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize().
-  if (best_plan && plans.front().graph->build_plan_at_index(plans.front().index).is_good()) {
+  if (best_plan && built.front().graph->build_plan_at_index(built.front().index).is_good()) {
     *best_plan = std::shared_ptr<const GraphPlan>(
-        new GraphPlan(static_cast<Direction>(key.direction), plans.front().graph, ranked.front().workspace_bytes));
+        new GraphPlan(static_cast<Direction>(key.direction), built.front().graph, ranked.front().workspace_bytes));
   }
   return ranked;
 }
