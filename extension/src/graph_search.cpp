@@ -234,8 +234,9 @@ class EngineSearch {
       std::string name;
       if (graph_->get_plan_name_at_index(index, name).is_bad() || !seen.insert(name).second) continue;
       std::vector<fe::BehaviorNote_t> notes;
-      const bool compiled = graph_->get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
-                            std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
+      const bool compiled =
+          graph_->get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
+          std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
       plans.indices.push_back(index);
       plans.names.push_back(std::move(name));
       plans.compiled.push_back(compiled);
@@ -350,7 +351,8 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
   const HeuristicPlans plans = search.heuristic_plans();
   const int threads = options.build_threads > 0 ? options.build_threads : automatic_build_threads();
-  AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans, std::min(threads, bounds.heuristic) - 1);
+  AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans,
+                       std::min(threads, bounds.heuristic) - 1);
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
   // 2. Mode B's first picks, where they are not among those.

@@ -750,7 +750,8 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     REQUIRE(parallel.size() == serial.size());
     CHECK(distinct_choices(parallel));
     for (const EngineCandidate& config : serial) {
-      CHECK(std::any_of(parallel.begin(), parallel.end(), [&](const EngineCandidate& c) { return c.same_choice(config); }));
+      CHECK(std::any_of(parallel.begin(), parallel.end(),
+                        [&](const EngineCandidate& c) { return c.same_choice(config); }));
     }
     // The plan handed back is the best config's, built on a worker or the caller, and runs on the caller's handle.
     REQUIRE(best != nullptr);
