@@ -215,8 +215,8 @@ def workload_label(workload: str) -> str:
 START_COLUMNS = ["workload", "mode", "first step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
                  "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
 STEADY_COLUMNS = ["workload", "mode", "wall step, median [95% CI]", "GPU time per step, median [95% CI]",
-                  "wall ÷ bench", "wall ÷ better native", "GPU ÷ better native", "hits / misses / tunes / fallbacks",
-                  "plans built / deserialized / rebuilt"]
+                  "wall ÷ bench", "wall ÷ better native", "GPU ÷ better native",
+                  "hits / misses / tunes / tune waits / fallbacks", "plans built / deserialized / rebuilt / evicted"]
 
 
 def failed_row(case: dict, columns: List[str], mode: str = "mode") -> List[str]:
@@ -266,8 +266,10 @@ def steady_row(case: dict) -> List[str]:
     derived, stats = case["derived"], case.get("stats")
     counters = plans = "-"
     if stats is not None:
-        counters = " / ".join(str(stats[k]) for k in ("hits", "misses", "tunes", "fallbacks"))
-        plans = " / ".join(str(stats.get(k, "-")) for k in ("plans_built", "plans_deserialized", "plan_rebuilds"))
+        # Runs of earlier versions (docs/bench-*.json) lack the later counters: '-'.
+        counters = " / ".join(str(stats.get(k, "-")) for k in ("hits", "misses", "tunes", "tune_waits", "fallbacks"))
+        plans = " / ".join(str(stats.get(k, "-"))
+                           for k in ("plans_built", "plans_deserialized", "plan_rebuilds", "plan_evictions"))
     return [workload_label(case["workload"]), case["mode"], interval_cell(case.get("wall_ms"), ".2f", " ms"),
             interval_cell(case.get("gpu_ms"), ".2f", " ms"), number(derived["steady_vs_native_benchmark"], ".2f"),
             wall_ratio_cell(derived), number(derived["gpu_vs_best_native"], ".2f"), counters, plans]
@@ -412,9 +414,11 @@ def notes(settings: dict) -> List[str]:
         "each clock's median ÷ that of whichever of native_benchmark and native_heuristic has the lower median on "
         "that clock; first ÷ heuristic first, warm start ÷ heuristic first: ÷ native_heuristic's "
         "first step.",
-        "hits / misses / tunes / fallbacks, plans built / deserialized / rebuilt: cudnn_cache.stats() over the "
-        "case (from before load, so prepare and the first step count): plans_built, plans_deserialized (restored "
-        "from the file instead of built), plan_rebuilds (stored plans that could not be used and were rebuilt).",
+        "hits / misses / tunes / tune waits / fallbacks, plans built / deserialized / rebuilt / evicted: "
+        "cudnn_cache.stats() over the case (from before load, so prepare and the first step count): tune_waits "
+        "(misses that waited for another thread's search of the key), plans_built, plans_deserialized (restored "
+        "from the file instead of built), plan_rebuilds (stored plans that could not be used and were rebuilt), "
+        "plan_evictions (plans the plan cache's bound dropped).",
     ]
     if settings["device"] == "cpu":
         lines.append("--device cpu: no cuDNN, so prepare() is not called: prepare_s and prepared_plans are null, "
