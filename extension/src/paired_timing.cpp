@@ -54,28 +54,34 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
     return result;
   };
   const float native_ms = graph_internal::median(rounds[native_f]);
-  // The challengers shown faster than native's pick, in the order the search timed them (positions in configs),
-  // and the leader among them: the first, unless a later one is shown faster than the leader so far.
-  std::vector<std::size_t> faster;
+  // Each finalist's paired estimate (native's time x its median ratio to native's pick), and whether the
+  // rounds show it faster than native's pick.
+  std::vector<float> estimate_ms(finalists.size(), native_ms);
+  std::vector<bool> shown_faster(finalists.size(), false);
+  std::vector<std::size_t> faster;  // those shown faster
   for (std::size_t f = 0; f < finalists.size(); ++f) {
-    if (f != native_f && median_below_one(ratios(f, native_f))) faster.push_back(f);
+    if (f == native_f) continue;
+    const std::vector<float> to_native = ratios(f, native_f);
+    estimate_ms[f] = native_ms * graph_internal::median(to_native);
+    shown_faster[f] = median_below_one(to_native);
+    if (shown_faster[f]) faster.push_back(f);
   }
+  // The leader among them, in the order the search timed them (positions in configs): the first, unless a
+  // later one is shown faster than the leader so far.
   std::sort(faster.begin(), faster.end(), [&](std::size_t a, std::size_t b) { return finalists[a] < finalists[b]; });
   std::optional<std::size_t> leader;
   for (std::size_t f : faster) {
     if (!leader || median_below_one(ratios(f, *leader))) leader = f;
   }
-  const float leader_ms = leader ? native_ms * graph_internal::median(ratios(*leader, native_f)) : native_ms;
+  const float leader_ms = leader ? estimate_ms[*leader] : native_ms;
   std::vector<bool> settled(configs.size(), false);
   for (std::size_t f = 0; f < finalists.size(); ++f) {
     EngineCandidate& config = configs[finalists[f]];
     settled[finalists[f]] = true;
-    if (f == native_f) {
-      config.time_ms = native_ms;
-    } else if (leader && f == *leader) {
-      config.time_ms = leader_ms;
-    } else if (std::find(faster.begin(), faster.end(), f) != faster.end()) {  // faster than native, not the leader
-      config.time_ms = std::max(native_ms * graph_internal::median(ratios(f, native_f)), just_after(leader_ms));
+    if (f == native_f || f == leader) {
+      config.time_ms = estimate_ms[f];  // native's median; the leader's estimate
+    } else if (shown_faster[f]) {  // faster than native's pick, not the leader
+      config.time_ms = std::max(estimate_ms[f], just_after(leader_ms));
     } else {
       config.time_ms = std::max(graph_internal::median(rounds[f]), just_after(native_ms));
     }

@@ -1,6 +1,6 @@
 // The cache as ops: descriptor round trips, keys, queries, tuning on demand, size, save and load, statistics,
-// the miss policy, the plan cache's and the workspace's limits, the backend and plan preparation. They read or change process
-// state, not tensors, so one kernel serves every backend.
+// the miss policy, the plan cache's and the workspace's limits, the backend and plan preparation. They read or
+// change process state, not tensors, so one kernel serves every backend.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
