@@ -30,6 +30,7 @@
 //   |     |     |              cuDNN major, cuDNN minor}                        |
 //   |     |     |     3 x (u64 count, count x {ConvolutionKey, Ranking})        |
 //   |     |     |         key: its 47 i32 words; ranking: u64 n, n candidates   |
+//   |     |     |         (v4+: an engine config ends with i32 heuristic_index) |
 //   |     |     |         legacy forward, backward_data, backward_filter        |
 //   |     |     |     3 x the same for the graph API's engine configs      (v2+)|
 //   |     |     |     u64 count, count x {ConvolutionKey, StoredPlan}      (v3+)|

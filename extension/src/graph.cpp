@@ -193,30 +193,33 @@ bool aligned(const ConvolutionBuffers& buffers) {
   return aligned(buffers.x) && aligned(buffers.w) && aligned(buffers.y);
 }
 
-// The engine config of the graph's plan at `index`, without its time; nullopt if cuDNN cannot say, or it has
-// more knobs than a key stores. Knobs of a type this cudnn-frontend cannot name (cuDNN's deprecated ones,
-// which older engines such as the TF32 NHWC implicit GEMMs still use: Note [Engine configs]) come back as
-// NOT_SET and are left out; `complete` says whether any were, i.e. whether the config replays this plan.
-std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, bool* complete) {
+// The engine and knobs of the graph's plan at `index`, built or not; nullopt if cuDNN cannot say, or it has more
+// knobs than a key stores. Knobs of a type this cudnn-frontend cannot name (cuDNN's deprecated ones, which older
+// engines such as the TF32 NHWC implicit GEMMs still use: Note [Engine configs]) come back as NOT_SET and are
+// left out; a plan of heuristics' own list (index < listed) that has any is named by its position as well.
+std::optional<EngineCandidate> choice_at(Graph& graph, std::int64_t index, std::int64_t listed) {
   EngineCandidate config;
-  std::int64_t workspace_bytes = 0;
   std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
-  if (graph.get_workspace_size_plan_at_index(index, workspace_bytes).is_bad() ||
-      graph.get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad()) {
-    return std::nullopt;
-  }
+  if (graph.get_engine_and_knobs_at_index(index, config.engine_id, knobs).is_bad()) return std::nullopt;
   // get_engine_and_knobs_at_index maps every unnamed type to NOT_SET, so one key stands for all of them.
   const bool named = knobs.erase(fe::KnobType_t::NOT_SET) == 0;
-  if (complete) *complete = named;
+  if (!named && index < listed) config.heuristic_index = static_cast<std::int32_t>(index);
   if (knobs.size() > kMaxKnobs) return std::nullopt;
   for (const auto& [type, value] : knobs) {
     config.knobs[config.knob_count++] = {static_cast<std::int64_t>(type), value};
   }
   std::sort(config.knobs.begin(), config.knobs.begin() + config.knob_count);
-  config.workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
+  return config;
+}
+
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed) {
+  std::optional<EngineCandidate> config = choice_at(graph, index, listed);
+  std::int64_t workspace_bytes = 0;
+  if (!config || graph.get_workspace_size_plan_at_index(index, workspace_bytes).is_bad()) return std::nullopt;
+  config->workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
   std::vector<fe::BehaviorNote_t> notes;
   if (graph.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
-    for (fe::BehaviorNote_t note : notes) config.behavior_notes |= 1 << static_cast<int>(note);
+    for (fe::BehaviorNote_t note : notes) config->behavior_notes |= 1 << static_cast<int>(note);
   }
   return config;
 }
@@ -229,8 +232,13 @@ std::unordered_map<fe::KnobType_t, std::int64_t> knob_map(const EngineCandidate&
   return knobs;
 }
 
-// Appends the config to the graph's plans; returns its index, or -1 if cuDNN does not take it.
 std::int64_t add_plan(Graph& graph, const EngineCandidate& config) {
+  if (config.heuristic_index != EngineCandidate::kNotListed) {
+    const std::int64_t index = config.heuristic_index;
+    if (index >= graph.get_execution_plan_count()) return -1;
+    const std::optional<EngineCandidate> listed = choice_at(graph, index, index + 1);
+    return listed && listed->same_choice(config) ? index : -1;
+  }
   if (graph.create_execution_plan(config.engine_id, knob_map(config)).is_bad()) return -1;
   return graph.get_execution_plan_count() - 1;
 }
@@ -282,6 +290,7 @@ std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& 
         if (value < range.minValue || value > range.maxValue) continue;
         EngineCandidate changed = best;
         changed.knobs[knob - best.knobs_begin()].value = value;
+        changed.heuristic_index = EngineCandidate::kNotListed;  // a new plan: cuDNN chooses the unnamed knobs
         variants.push_back(changed);
         if (static_cast<int>(variants.size()) == count) return variants;
       }
@@ -294,9 +303,19 @@ std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& 
 using namespace graph_internal;
 
 GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config)
-    : direction_(static_cast<Direction>(key.direction)), graph_(operation_graph(handle, key)) {
-  check_status(graph_->create_execution_plan(config.engine_id, knob_map(config)), "create_execution_plan", key);
-  check_status(graph_->build_plan_at_index(graph_->get_execution_plan_count() - 1), "build_plan", key);
+    : direction_(static_cast<Direction>(key.direction)),
+      graph_(config.heuristic_index == EngineCandidate::kNotListed ? operation_graph(handle, key)
+                                                                    : heuristic_graph(handle, key, false)) {
+  std::int64_t index = -1;
+  if (config.heuristic_index == EngineCandidate::kNotListed) {
+    check_status(graph_->create_execution_plan(config.engine_id, knob_map(config)), "create_execution_plan", key);
+    index = graph_->get_execution_plan_count() - 1;
+  } else if ((index = add_plan(*graph_, config)) < 0) {
+    throw Error(detail::concat("cuDNN graph API: heuristics' config #", config.heuristic_index, " for ", key,
+                               " is not ", to_string(config), " here (another cuDNN or GPU made the entry)"),
+                CUDNN_STATUS_NOT_SUPPORTED);
+  }
+  check_status(graph_->build_plan_at_index(index), "build_plan", key);  // selects it for execute and serialize
   std::int64_t bytes = 0;
   check_status(graph_->get_workspace_size(bytes), "get_workspace_size", key);
   workspace_bytes_ = static_cast<std::uint64_t>(bytes);

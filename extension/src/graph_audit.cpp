@@ -35,9 +35,8 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
         !names.insert(name).second) {
       continue;
     }
-    // Native runs this very plan, whatever its knobs; a config that leaves some out only labels it.
-    bool complete = true;
-    std::optional<EngineCandidate> config = describe_plan(*graph, index, &complete);
+    // Native runs this very plan, whatever its knobs: described by its position where they cannot all be named.
+    std::optional<EngineCandidate> config = describe_plan(*graph, index, count);
     if (!config) continue;
     const std::optional<Workspace> workspace = workspace_for(allocate, config->workspace_bytes);
     if (!workspace) continue;
@@ -46,20 +45,18 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
     if (heuristic_index < 0) {
       heuristic_index = index;
       audit.heuristic.config = *config;
-      audit.heuristic.replayable = complete;
     }
     if (sample.front() < benchmark_sample) {
       benchmark_sample = sample.front();
       benchmark_index = index;
       audit.benchmark.config = *config;
-      audit.benchmark.replayable = complete;
     }
   }
   CUDNN_CACHE_REQUIRE(heuristic_index >= 0, "cuDNN graph API: no engine config runs ", key);
   const std::int64_t stored_index = add_plan(*graph, stored);
   CUDNN_CACHE_REQUIRE(stored_index >= 0 && graph->build_plan_at_index(stored_index).is_good(),
                       "cuDNN graph API: the stored ", to_string(stored), " does not build for ", key);
-  audit.stored.config = describe_plan(*graph, stored_index).value_or(stored);
+  audit.stored.config = describe_plan(*graph, stored_index, count).value_or(stored);
 
   // Then each distinct config the same way, in rounds, so drift in clocks or temperature affects each alike;
   // the stored one twice, for the audit's resolution.
@@ -81,8 +78,7 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   const std::size_t stored_at = contend(stored_index, audit.stored.config);
   const std::size_t again_at = contend(stored_index, audit.stored.config);
   const auto native_at = [&](std::int64_t index, const ChoiceAudit::Choice& choice) {
-    return choice.replayable && choice.config.same_choice(audit.stored.config) ? stored_at
-                                                                                : contend(index, choice.config);
+    return choice.config.same_choice(audit.stored.config) ? stored_at : contend(index, choice.config);
   };
   const std::size_t heuristic_at = native_at(heuristic_index, audit.heuristic);
   const std::size_t benchmark_at =

@@ -67,11 +67,15 @@ float median(std::vector<float> times);
 // Whether every buffer is kGraphAlignment-byte aligned.
 bool aligned(const ConvolutionBuffers& buffers);
 
-// The engine config of the graph's plan at `index`, without its time; nullopt if cuDNN cannot say, or it has
-// more knobs than a key stores. `complete` says whether the config replays this very plan (graph.cpp).
-std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, bool* complete = nullptr);
+// The engine config of the graph's plan at `index` (built), without its time; nullopt if cuDNN cannot say, or
+// it has more knobs than a key stores. The graph's first `listed` plans are heuristics' list (heuristic_graph):
+// one of them with knobs of types cudnn-frontend cannot name is described by its position too, the only way
+// to make that plan again (EngineCandidate::heuristic_index). Any other plan is its engine and nameable knobs.
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed = 0);
 
-// Appends the config to the graph's plans; returns its index, or -1 if cuDNN does not take it.
+// The config's plan in the graph: one of heuristics' list at its position, if the plan there is still that
+// engine and those knobs (the graph is a heuristic_graph), any other appended. Returns its index, or -1 if it
+// is not there or cuDNN does not take it.
 std::int64_t add_plan(Graph& graph, const EngineCandidate& config);
 
 // The operation graph with the configs of heuristics mode A and the fallback list, in that order.

@@ -200,6 +200,7 @@ class EngineSearch {
         allocate_(allocate),
         options_(options),
         graph_(heuristic_graph(handle, key, options.deterministic)),
+        listed_(graph_->get_execution_plan_count()),
         pack_(variant_pack(buffers)),
         flush_(allocate, options.flush_l2) {}
 
@@ -207,11 +208,11 @@ class EngineSearch {
 
   // Builds and times the plan at `index` of the search's graph unless a plan of that name was timed already;
   // returns whether it was timed and ran.
-  bool time(std::int64_t index, bool substitute = true) {
+  bool time(std::int64_t index) {
     std::string name;
     if (graph_->get_plan_name_at_index(index, name).is_bad() || !names_.insert(name).second) return false;
     if (graph_->build_plan_at_index(index).is_bad()) return false;  // not supported, or filtered out
-    return time_built({graph_, index}, name, substitute);
+    return time_built({graph_, index});
   }
 
   // Step 1: heuristics mode A, then the fallback list, in cuDNN's order, until `max_candidates` are timed;
@@ -222,7 +223,7 @@ class EngineSearch {
          ++position) {
       const BuiltPlan plan = builder.take(position);
       // A substitute timed meanwhile may have had this name.
-      if (plan.index >= 0 && names_.insert(plans.names[position]).second) time_built(plan, plans.names[position]);
+      if (plan.index >= 0 && names_.insert(plans.names[position]).second) time_built(plan);
     }
   }
 
@@ -246,18 +247,12 @@ class EngineSearch {
 
   std::shared_ptr<Graph> shared_graph() const { return graph_; }
 
-  // Times a built plan of any of the search's graphs, named `name` (in names_). A plan whose knobs cannot all
-  // be stored is replaced by its config without them (`substitute`): cuDNN chooses those knobs itself then,
-  // and what is timed is what a replay runs.
-  bool time_built(const BuiltPlan& plan, const std::string& name, bool substitute = true) {
-    bool complete = true;
-    std::optional<EngineCandidate> config = describe_plan(*plan.graph, plan.index, &complete);
+  // Times a built plan of any of the search's graphs (a worker's graph lists heuristics' plans as the search's
+  // does). A plan of heuristics' list is described by its position where its knobs cannot all be named, so
+  // what is timed is what a replay runs: native's own plan, knobs and all.
+  bool time_built(const BuiltPlan& plan) {
+    std::optional<EngineCandidate> config = describe_plan(*plan.graph, plan.index, listed_);
     if (!config || config->workspace_bytes > options_.max_workspace_bytes) return false;
-    if (!complete && substitute) {
-      names_.erase(name);  // the replayable config may well be this very plan
-      const std::int64_t replayable = add_plan(*graph_, *config);
-      return replayable >= 0 && time(replayable, false);
-    }
     const std::optional<Workspace> workspace = workspace_for(allocate_, config->workspace_bytes);
     if (!workspace) return false;  // out of memory: not a candidate here
     Timing timing{options_.warmup, options_.repetitions, &flush_};
@@ -328,6 +323,7 @@ class EngineSearch {
   const WorkspaceAllocator& allocate_;
   GraphSearchOptions options_;
   std::shared_ptr<Graph> graph_;
+  std::int64_t listed_;  // graph_'s first plans, heuristics' list; later ones are appended
   VariantPack pack_;
   L2Flush flush_;
   std::set<std::string> names_;  // of the plans timed: the heuristic lists overlap

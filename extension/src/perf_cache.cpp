@@ -37,6 +37,9 @@ std::string to_string(const EngineCandidate& candidate) {
             std::to_string(knob->value);
   }
   if (candidate.knob_count > 0) text += ")";
+  if (candidate.heuristic_index != EngineCandidate::kNotListed) {
+    text += " as heuristics' config #" + std::to_string(candidate.heuristic_index);
+  }
   if (candidate.behavior_notes & EngineCandidate::kRuntimeCompiled) text += " runtime-compiled";
   return text;
 }

@@ -105,6 +105,8 @@ Ranking<Traits> random_engine_ranking(std::mt19937_64& random) {
     candidate.time_ms = std::uniform_real_distribution<float>(0.005f, 5.0f)(random);
     candidate.workspace_bytes = std::uint64_t{1} << std::uniform_int_distribution<int>(0, 28)(random);
     if (std::uniform_int_distribution<int>(0, 3)(random) == 0) candidate.behavior_notes = EngineCandidate::kRuntimeCompiled;
+    // Some are positions in heuristics' list; derived, not drawn, so that the rest of the stream is unchanged.
+    if (candidate.engine_id % 5 == 0) candidate.heuristic_index = static_cast<std::int32_t>(candidate.engine_id % 13);
     candidates.push_back(candidate);
   }
   return Ranking<Traits>::of(candidates.begin(), candidates.end());

@@ -3,6 +3,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstring>
+#include <regex>
+
 #include "cache_fixtures.h"
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/report.h"
@@ -17,6 +21,9 @@ using cudnn_cache::testing::engine;
 using cudnn_cache::testing::error_of;
 
 namespace {
+
+// The format version line of an export this build writes.
+const std::string kCurrent = "\"format_version\": " + std::to_string(kFormatVersion);
 
 // `json` with its first `from` replaced by `to`; the test fails if `from` is not in it.
 std::string replaced(std::string json, const std::string& from, const std::string& to) {
@@ -54,20 +61,51 @@ TEST_CASE("a checkpoint round-trips through JSON, stored plans included", "[repo
   CHECK(to_json(read) == json);
 }
 
+TEST_CASE("an export of format 3, whose engine configs have no heuristic position, still imports", "[report][json]") {
+  const Checkpoint original = sample();
+  // What a build of format 3 wrote: its engine configs are of cereal class version 1, without the field.
+  std::string json = std::regex_replace(to_json(original), std::regex(",\\s*\"heuristic_index\": -?[0-9]+"), "");
+  json = replaced(json, kCurrent, "\"format_version\": 3");
+  const std::size_t engine_class = json.find("\"cereal_class_version\": 2");
+  REQUIRE(engine_class != std::string::npos);  // EngineCandidate's, the only class of version 2
+  json.replace(engine_class, std::strlen("\"cereal_class_version\": 2"), "\"cereal_class_version\": 1");
+  const Checkpoint read = from_json(json, "format3.json");
+  CHECK(read.header.format_version == 3);
+  // Positions in the graph forward configs of the sample, and of what was read.
+  const auto positions = [](const Checkpoint& checkpoint) {
+    std::size_t count = 0;
+    for (const CheckpointSection& section : checkpoint.sections) {
+      for (const auto& [key, ranking] : section.graph_forward) {
+        count += std::count_if(ranking.begin(), ranking.end(), [](const EngineCandidate& config) {
+          return config.heuristic_index != EngineCandidate::kNotListed;
+        });
+      }
+    }
+    return count;
+  };
+  CHECK(positions(original) > 0);  // else the sample does not exercise the field
+  CHECK(positions(read) == 0);
+  CHECK(read.size() == original.size());
+}
+
 TEST_CASE("JSON that is not a valid export is rejected, naming the source and the reason", "[report][json]") {
   const std::string json = to_json(sample());
   std::string text, reason;
   SECTION("not JSON") {
-    text = "{ \"format_version\": 3, ";
+    text = "{ \"format_version\": 4, ";
     reason = "not a valid cudnn_cache JSON export: not JSON at byte 23 (Missing a name for object member.)";
   }
   SECTION("a newer format") {
-    text = replaced(json, "\"format_version\": 3", "\"format_version\": 9");
+    text = replaced(json, kCurrent, "\"format_version\": 9");
     reason = "format_version 9";
   }
   SECTION("a knob list that does not match its count") {
     text = replaced(json, "\"knob_count\": 2", "\"knob_count\": 1");
     reason = "knobs where knob_count is 1";
+  }
+  SECTION("a position in heuristics' list that cannot be") {
+    text = replaced(json, "\"heuristic_index\": -1", "\"heuristic_index\": -2");
+    reason = "heuristic position -2";
   }
   SECTION("a negative time") {
     text = replaced(json, "\"time_ms\": 0.25", "\"time_ms\": -0.25");
@@ -75,11 +113,11 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   }
   // What deserialize refuses must be refused here too, or an import makes a file that cannot be saved.
   SECTION("graph-API entries in format 1") {
-    text = replaced(json, "\"format_version\": 3", "\"format_version\": 1");
+    text = replaced(json, kCurrent, "\"format_version\": 1");
     reason = "format_version 1 cannot hold graph-API entries";
   }
   SECTION("stored plans in format 2") {
-    text = replaced(json, "\"format_version\": 3", "\"format_version\": 2");
+    text = replaced(json, kCurrent, "\"format_version\": 2");
     reason = "format_version 2 cannot hold stored plans";
   }
   SECTION("a device name longer than a file may hold") {
@@ -88,7 +126,7 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   }
   // rapidjson's full-precision parser read out of bounds on this number (the fuzzer); the ASan run shows it does not.
   SECTION("a number with a zero significand and an exponent") {
-    text = replaced(json, "\"format_version\": 3", "\"format_version\": 0E190");
+    text = replaced(json, kCurrent, "\"format_version\": 0E190");
     reason = "not a valid cudnn_cache JSON export";
   }
   SECTION("a device name with a control character") {
@@ -110,7 +148,7 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
     reason = "at sections[0].legacy_forward[";
   }
   SECTION("a string where a number belongs") {
-    text = replaced(json, "\"format_version\": 3", "\"format_version\": \"3\"");
+    text = replaced(json, kCurrent, "\"format_version\": \"4\"");
     reason = "field 'format_version' must be a number of its field's kind";
   }
   SECTION("a number where an array belongs") {
@@ -122,7 +160,7 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
     reason = "unknown field 'sections[0].graph_forward[";
   }
   SECTION("a field the reader does not know, at the top") {
-    text = replaced(json, "\"format_version\": 3", "\"format_version\": 3, \"comment\": \"tuned on h200-07\"");
+    text = replaced(json, kCurrent, std::string(kCurrent) + ", \"comment\": \"tuned on h200-07\"");
     reason = "unknown field 'comment'";
   }
   CAPTURE(reason);

@@ -17,8 +17,11 @@
 namespace cudnn_cache {
 
 // The format this build writes; it reads every version from 1 up to this one. Version 2 added the graph API's
-// engine configs, version 3 stored plans (Note [Stored plans]); older files simply have none.
-inline constexpr std::uint32_t kFormatVersion = 3;
+// engine configs, version 3 stored plans (Note [Stored plans]); older files simply have none. Version 4 engine
+// configs may be positions in heuristics' list (EngineCandidate::heuristic_index, the config's cereal class
+// version 2): earlier builds cannot read them, hence the new number. (A file of format 2 or 3 written by this
+// build, as the reader's tests write them, has them too.)
+inline constexpr std::uint32_t kFormatVersion = 4;
 
 // The first bytes of every cache file after cereal's endianness byte.
 inline constexpr std::array<char, 8> kMagic = {'C', 'D', 'N', 'N', 'C', 'A', 'C', 'H'};

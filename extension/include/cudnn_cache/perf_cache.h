@@ -155,6 +155,13 @@ struct EngineCandidate {
   float time_ms = 0.0f;  // median measured time
   std::uint64_t workspace_bytes = 0;
   std::int32_t behavior_notes = 0;  // bit n set: cudnn_frontend::BehaviorNote_t value n (see kRuntimeCompiled)
+  // kNotListed: the config is its engine and knobs. Otherwise the config is the plan at this position of
+  // heuristics' list for the key (mode A, then the fallback list), whose knobs include types cudnn-frontend
+  // cannot name; engine_id and knobs are the part it can, checked when the plan is made again (Note [Engine
+  // configs] in graph.h).
+  std::int32_t heuristic_index = kNotListed;
+
+  static constexpr std::int32_t kNotListed = -1;
 
   // The behavior note cuDNN gives engines it compiles at run time (BehaviorNote_t::RUNTIME_COMPILATION).
   static constexpr std::int32_t kRuntimeCompiled = 1 << 1;
@@ -164,11 +171,12 @@ struct EngineCandidate {
   const Knob* knobs_end() const { return knobs.data() + knob_count; }
 
   bool same_choice(const EngineCandidate& other) const {
-    return engine_id == other.engine_id &&
+    return engine_id == other.engine_id && heuristic_index == other.heuristic_index &&
            std::equal(knobs_begin(), knobs_end(), other.knobs_begin(), other.knobs_end());
   }
   bool tie_break_less(const EngineCandidate& other) const {
     if (engine_id != other.engine_id) return engine_id < other.engine_id;
+    if (heuristic_index != other.heuristic_index) return heuristic_index < other.heuristic_index;
     return std::lexicographical_compare(knobs_begin(), knobs_end(), other.knobs_begin(), other.knobs_end());
   }
 
@@ -180,7 +188,8 @@ struct EngineCandidate {
 };
 
 // "engine 22 (k2=16, k13=0)": the engine's global index and knob choices (cudnn-frontend's knob numbering),
-// and " runtime-compiled" when cuDNN compiles it at run time.
+// " as heuristics' config #3" for a config made again from heuristics' list, and " runtime-compiled" when cuDNN
+// compiles it at run time.
 std::string to_string(const EngineCandidate& candidate);
 
 // Direction traits of the graph API.

@@ -192,11 +192,16 @@ void save(Archive& archive, const EngineCandidate& candidate, std::uint32_t cons
     }
     archive(CEREAL_NVP_("knobs", knobs));
   }
+  archive(CEREAL_NVP_("heuristic_index", candidate.heuristic_index));  // version 2
 }
 
-// A loaded config must be one a search could have stored: a real engine, a time, sorted distinct knobs.
+// Heuristics' lists are a few dozen configs long; a position past this one is corrupt.
+inline constexpr std::int32_t kMaxHeuristicIndex = 1 << 12;
+
+// A loaded config must be one a search could have stored: a real engine, a time, sorted distinct knobs, and a
+// position in heuristics' list or none. Version 1 (file formats 2 and 3) has no position.
 template <class Archive>
-void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const /*version*/) {
+void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const version) {
   archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
           CEREAL_NVP_("workspace_bytes", candidate.workspace_bytes),
           CEREAL_NVP_("behavior_notes", candidate.behavior_notes), CEREAL_NVP_("knob_count", candidate.knob_count));
@@ -222,6 +227,13 @@ void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const /*ve
     }
     if (knob.type <= 0 || (i > 0 && candidate.knobs[i - 1].type >= knob.type)) {
       detail::throw_invalid("knob types are not positive, sorted and distinct");
+    }
+  }
+  candidate.heuristic_index = EngineCandidate::kNotListed;
+  if (version >= 2) {
+    archive(CEREAL_NVP_("heuristic_index", candidate.heuristic_index));
+    if (candidate.heuristic_index < EngineCandidate::kNotListed || candidate.heuristic_index > kMaxHeuristicIndex) {
+      detail::throw_invalid("heuristic position ", candidate.heuristic_index);
     }
   }
 }
@@ -308,7 +320,7 @@ CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::BackwardFilterTraits>, 
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::ForwardTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardDataTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardFilterTraits>, 1)
-CEREAL_CLASS_VERSION(cudnn_cache::EngineCandidate, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::EngineCandidate, 2)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphForwardTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphBackwardDataTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphBackwardFilterTraits>, 1)

@@ -21,8 +21,7 @@ c10::Dict<std::string, c10::IValue> row(const ConvolutionKey& key, const ChoiceA
   entry.insert("key", detail::concat(key));
   for (const auto& [name, choice] : {std::pair{"stored", &audit.stored}, std::pair{"heuristic", &audit.heuristic},
                                      std::pair{"benchmark", &audit.benchmark}}) {
-    entry.insert(std::string(name) + "_engine",
-                 to_string(choice->config) + (choice->replayable ? "" : " + knobs cudnn-frontend cannot name"));
+    entry.insert(std::string(name) + "_engine", to_string(choice->config));
     entry.insert(std::string(name) + "_ms", static_cast<double>(choice->time_ms));
   }
   entry.insert("stored_again_ms", static_cast<double>(audit.stored_again_ms));
