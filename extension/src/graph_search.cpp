@@ -268,9 +268,10 @@ class EngineSearch {
 
   // Times the fastest `count` configs and the first one timed (heuristics' first pick, which native
   // benchmark=False runs) again, together: `repetitions` interleaved rounds, so drift in clocks or temperature
-  // affects each alike. A config that wins the first pass by less than the noise of one measurement won it by
-  // luck as often as not; the paired rounds decide, and a challenger leads native's pick only where they show
-  // it faster (Note [Never slower than native's pick]). Without memory for the largest workspace, or if a
+  // affects each alike, and as many again (up to three times in all) while a challenger is faster in the median
+  // but not yet shown faster. A config that wins the first pass by less than the noise of one measurement won
+  // it by luck as often as not; the paired rounds decide, and a challenger leads native's pick only where they
+  // show it faster (Note [Never slower than native's pick]). Without memory for the largest workspace, or if a
   // finalist fails to run now, the first timings stand.
   void confirm(int count) {
     std::vector<std::size_t> finalists = order();
@@ -283,8 +284,12 @@ class EngineSearch {
     for (std::size_t i : finalists) bytes = std::max(bytes, configs_[i].workspace_bytes);
     const std::optional<Workspace> workspace = workspace_for(allocate_, bytes);
     if (!workspace) return;
+    const std::size_t native = static_cast<std::size_t>(std::find(finalists.begin(), finalists.end(), 0) -
+                                                        finalists.begin());
+    const int per_pass = std::max(options_.repetitions, 1);
     std::vector<std::vector<float>> times(finalists.size());
-    for (int round = 0; round < options_.repetitions; ++round) {
+    for (int round = 0; round < 3 * per_pass; ++round) {
+      if (round > 0 && round % per_pass == 0 && !challenger_undecided(times, native)) break;
       for (std::size_t f = 0; f < finalists.size(); ++f) {
         const BuiltPlan& plan = plans_[finalists[f]];
         const std::vector<float> run = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index,

@@ -35,6 +35,26 @@ bool median_below_one(std::vector<float> ratios) {
   return ratios[n - k] < 1.0f;
 }
 
+namespace {
+
+// Per-round ratios of finalist a's time to finalist b's.
+std::vector<float> round_ratios(const std::vector<std::vector<float>>& rounds, std::size_t a, std::size_t b) {
+  std::vector<float> result(std::min(rounds[a].size(), rounds[b].size()));
+  for (std::size_t r = 0; r < result.size(); ++r) result[r] = rounds[a][r] / rounds[b][r];
+  return result;
+}
+
+}  // namespace
+
+bool challenger_undecided(const std::vector<std::vector<float>>& rounds, std::size_t native) {
+  for (std::size_t f = 0; f < rounds.size(); ++f) {
+    if (f == native || rounds[f].empty()) continue;
+    const std::vector<float> to_native = round_ratios(rounds, f, native);
+    if (graph_internal::median(to_native) < 1.0f && !median_below_one(to_native)) return true;
+  }
+  return false;
+}
+
 void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t native,
                            const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds) {
   CUDNN_CACHE_REQUIRE(finalists.size() == rounds.size() && native < configs.size(), "settle_against_native: ",
@@ -47,12 +67,7 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
     CUDNN_CACHE_REQUIRE(rounds[f].size() == rounds[native_f].size(), "settle_against_native: finalist ", f,
                         " has ", rounds[f].size(), " rounds, native's pick ", rounds[native_f].size());
   }
-  // Per-round ratios of finalist a's time to finalist b's.
-  const auto ratios = [&](std::size_t a, std::size_t b) {
-    std::vector<float> result(rounds[a].size());
-    for (std::size_t r = 0; r < result.size(); ++r) result[r] = rounds[a][r] / rounds[b][r];
-    return result;
-  };
+  const auto ratios = [&](std::size_t a, std::size_t b) { return round_ratios(rounds, a, b); };
   const float native_ms = graph_internal::median(rounds[native_f]);
   // Each finalist's paired estimate (native's time x its median ratio to native's pick), and whether the
   // rounds show it faster than native's pick.

@@ -16,6 +16,13 @@
 // by the same test on their own per-round ratios. Which of two configs within each other's noise leads is then
 // fixed by that order, not by which was luckier in this run, so two runs (or two ranks) store the same choice.
 //
+// The rounds go on while they cannot decide: where a challenger's median ratio to native's pick is below 1 but
+// the test does not show it yet, `repetitions` more rounds are timed, up to three times as many in all. A config
+// a few per cent faster wins most rounds but seldom every one of 7, and 7 rounds alone left native's pick first
+// on keys where native benchmark mode's pick was 2-4.5% faster (ResNet-50 fp32, docs/PERFORMANCE.md); with 14
+// rounds the test needs 11 wins, with 21, 15. Keys whose challengers are clearly faster or clearly not pay
+// nothing more.
+//
 // Times after the rounds: native's pick gets the median of its rounds; the leader gets that times its median
 // ratio to native's pick (the paired estimate, below native's time); another challenger shown faster gets the
 // later of its own estimate and one step behind the leader's; one not shown faster gets the later of its own
@@ -31,6 +38,11 @@ namespace cudnn_cache {
 // Whether the median of `ratios` is below 1 with 95% confidence, by the sign test: false with fewer than 5
 // values, which cannot show it.
 bool median_below_one(std::vector<float> ratios);
+
+// Whether more rounds could change what settle_against_native decides: some finalist's median ratio to the
+// finalist at `native` (positions in rounds) is below 1, yet the sign test does not show it faster. rounds[f][r]
+// is finalist f's time in round r.
+bool challenger_undecided(const std::vector<std::vector<float>>& rounds, std::size_t native);
 
 // Sets the times of `configs` from the rounds in which the configs at `finalists` (positions in configs, one
 // of them `native`; a lower position was timed earlier by the search) were timed together: rounds[f][r] is

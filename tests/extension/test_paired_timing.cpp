@@ -50,6 +50,29 @@ TEST_CASE("the sign test shows a median below 1 only with enough rounds below 1"
   CHECK_FALSE(median_below_one(ten));
 }
 
+TEST_CASE("more rounds are timed only while a challenger is faster in the median but not shown faster",
+          "[paired_timing]") {
+  const std::vector<float> native{1.00f, 1.02f, 0.98f, 1.00f, 1.01f, 0.99f, 1.00f};
+  // 3% faster in 6 of 7 rounds: faster in the median, not shown by 7 rounds; more rounds may show it.
+  const std::vector<float> close{0.97f, 0.99f, 0.95f, 0.97f, 1.02f, 0.96f, 0.97f};
+  CHECK(challenger_undecided({native, close}, 0));
+  CHECK(challenger_undecided({close, native}, 1));  // native's pick at any position
+  // Faster in every round: decided. Slower in the median: decided (native's pick stays).
+  const std::vector<float> faster{0.90f, 0.91f, 0.89f, 0.92f, 0.90f, 0.88f, 0.90f};
+  const std::vector<float> slower{1.03f, 1.05f, 0.99f, 1.02f, 1.04f, 1.00f, 1.03f};
+  CHECK_FALSE(challenger_undecided({native, faster}, 0));
+  CHECK_FALSE(challenger_undecided({native, slower}, 0));
+  CHECK_FALSE(challenger_undecided({native, faster, slower}, 0));
+  CHECK(challenger_undecided({native, faster, close}, 0));
+  // 14 rounds of the close one (11 or more of 14 below 1 shows it): decided.
+  std::vector<float> native14 = native, close14 = close;
+  native14.insert(native14.end(), native.begin(), native.end());
+  close14.insert(close14.end(), close.begin(), close.end());
+  CHECK_FALSE(challenger_undecided({native14, close14}, 0));
+  CHECK(median_below_one(std::vector<float>{0.97f, 0.99f, 0.95f, 0.97f, 1.02f, 0.96f, 0.97f, 0.97f, 0.99f, 0.95f,
+                                            0.97f, 1.02f, 0.96f, 0.97f}));
+}
+
 TEST_CASE("a challenger faster in the paired rounds leads native's pick, at native's time times its ratio",
           "[paired_timing]") {
   // Position 0 is heuristics' first pick (native's); 1 and 2 are challengers, 3 a slower config not in the rounds.
