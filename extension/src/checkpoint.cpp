@@ -36,6 +36,8 @@
 //   |     |     |     u64 count, count x {ConvolutionKey, StoredPlan}      (v3+)|
 //   |     |     |         plan: engine config, u32 cuDNN version,               |
 //   |     |     |               u64 n, n bytes of cudnn-frontend's plan         |
+//   |     |     |     2 x (u64 count, count x ConvolutionKey)              (v4+)|
+//   |     |     |         pending keys of the graph API, of the legacy API      |
 //   |     |     |   (each class's u32 cereal version precedes its first use)    |
 //   +-----+-----+---------------------------------------------------------------+
 //   | 29+P|   8 | checksum of bytes [0, 29 + P)                                 |
@@ -209,9 +211,53 @@ void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection
   }
 }
 
-// Version 1 files hold the legacy caches only; version 2 added the graph API's, version 3 stored plans.
+// Version 1 files hold the legacy caches only; version 2 added the graph API's, version 3 stored plans, version 4
+// pending keys.
 bool holds_graph_entries(std::uint32_t format_version) { return format_version >= 2; }
 bool holds_plans(std::uint32_t format_version) { return format_version >= 3; }
+bool holds_pending(std::uint32_t format_version) { return format_version >= 4; }
+
+// The pending keys of one backend in a section, and their name in messages and JSON.
+std::vector<ConvolutionKey>& pending_of(CheckpointSection& section, bool graph) {
+  return graph ? section.pending_graph : section.pending_legacy;
+}
+const std::vector<ConvolutionKey>& pending_of(const CheckpointSection& section, bool graph) {
+  return graph ? section.pending_graph : section.pending_legacy;
+}
+const char* pending_name(bool graph) { return graph ? "pending_graph" : "pending_legacy"; }
+
+// Appends pending key i after checking it and key order.
+void append_pending(CheckpointSection& section, bool graph, const ConvolutionKey& key, std::size_t i) {
+  std::vector<ConvolutionKey>& keys = pending_of(section, graph);
+  if (const std::string problem = check_key(key); !problem.empty()) {
+    detail::throw_invalid(pending_name(graph), " key ", i, ": ", problem);
+  }
+  if (!keys.empty() && !(keys.back() < key)) {
+    detail::throw_invalid(pending_name(graph), " key ", i, " is out of order or repeated");
+  }
+  keys.push_back(key);
+}
+
+void write_pending(cereal::PortableBinaryOutputArchive& archive, const CheckpointSection& section) {
+  for (const bool graph : {true, false}) {
+    const std::vector<ConvolutionKey>& keys = pending_of(section, graph);
+    archive(cereal::make_size_tag(static_cast<cereal::size_type>(keys.size())));
+    for (const ConvolutionKey& key : keys) archive(key);
+  }
+}
+
+void read_pending(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section, std::size_t payload_bytes) {
+  for (const bool graph : {true, false}) {
+    cereal::size_type count = 0;
+    archive(cereal::make_size_tag(count));
+    pending_of(section, graph).reserve(std::min<std::size_t>(count, payload_bytes / sizeof(ConvolutionKey)));
+    for (cereal::size_type i = 0; i < count; ++i) {
+      ConvolutionKey key;
+      archive(key);
+      append_pending(section, graph, key, i);
+    }
+  }
+}
 
 void write_plans(cereal::PortableBinaryOutputArchive& archive, const CheckpointSection& section) {
   archive(cereal::make_size_tag(static_cast<cereal::size_type>(section.plans.size())));
@@ -271,6 +317,12 @@ std::string serialize_payload(const Checkpoint& checkpoint) {
         CUDNN_CACHE_REQUIRE(section.plans.empty(), "file format ", version, " cannot hold stored plans; write format ",
                             kFormatVersion);
       }
+      if (holds_pending(version)) {
+        write_pending(archive, section);
+      } else {
+        CUDNN_CACHE_REQUIRE(section.pending() == 0, "file format ", version, " cannot hold pending keys; write format ",
+                            kFormatVersion);
+      }
     }
   }
   return std::move(bytes).str();
@@ -295,6 +347,7 @@ std::vector<CheckpointSection> deserialize_payload(std::istream& bytes, std::siz
     for_each_direction(read);
     if (holds_graph_entries(format_version)) for_each_graph_direction(read);
     if (holds_plans(format_version)) read_plans(archive, section);
+    if (holds_pending(format_version)) read_pending(archive, section, size);
     sections.push_back(std::move(section));
   }
   if (bytes.peek() != std::char_traits<char>::eof()) detail::throw_invalid("bytes after the last section");
@@ -314,6 +367,12 @@ std::size_t Checkpoint::size() const {
   return total;
 }
 
+std::size_t Checkpoint::pending() const {
+  std::size_t total = 0;
+  for (const auto& section : sections) total += section.pending();
+  return total;
+}
+
 Checkpoint snapshot(const CacheStore& store) {
   Checkpoint checkpoint;
   checkpoint.header.format_version = kFormatVersion;
@@ -327,7 +386,11 @@ Checkpoint snapshot(const CacheStore& store) {
       section.entries<Traits>() = caches->template get<Traits>().entries();
     });
     section.plans = caches->plans.entries();
-    if (section.size() > 0 || !section.plans.empty()) checkpoint.sections.push_back(std::move(section));
+    section.pending_graph = caches->pending_keys(true);
+    section.pending_legacy = caches->pending_keys(false);
+    if (section.size() > 0 || !section.plans.empty() || section.pending() > 0) {
+      checkpoint.sections.push_back(std::move(section));
+    }
   }
   return checkpoint;
 }
@@ -342,6 +405,9 @@ void merge_into(CacheStore& store, Checkpoint checkpoint) {
       for (auto& [key, ranking] : section.entries<Traits>()) cache.insert(key, std::move(ranking));
     });
     for (const auto& [key, plan] : section.plans) caches.plans.insert(key, *plan);
+    for (const bool graph : {true, false}) {
+      for (const ConvolutionKey& key : pending_of(section, graph)) caches.pending.insert(graph, key);
+    }
   }
 }
 
@@ -504,6 +570,13 @@ std::string to_json(const Checkpoint& checkpoint) {
             archive.finishNode();
           }
         });
+        if (holds_pending(checkpoint.header.format_version)) {
+          for (const bool graph : {true, false}) {
+            json_array(archive, pending_name(graph), [&] {
+              for (const ConvolutionKey& key : pending_of(section, graph)) archive(key);
+            });
+          }
+        }
         archive.finishNode();
       }
     });
@@ -635,6 +708,20 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
               append_plan(section, key, std::move(plan), j);
             }
           });
+          if (holds_pending(version)) {
+            for (const bool graph : {true, false}) {
+              json_array(archive, pending_name(graph), [&] {
+                cereal::size_type count = 0;
+                archive.loadSize(count);
+                for (cereal::size_type j = 0; j < count; ++j) {
+                  ConvolutionKey key;
+                  where = detail::concat("sections[", i, "].", pending_name(graph), "[", j, "]");
+                  archive(key);
+                  append_pending(section, graph, key, j);
+                }
+              });
+            }
+          }
           archive.finishNode();
           // What deserialize could never give: the bytes of this version have no place for them.
           if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
@@ -703,6 +790,7 @@ LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& 
   for (const CheckpointSection& section : checkpoint.sections) {
     report.entries += section.size();
     report.plans += section.plans.size();
+    report.pending += section.pending();
     if (!section.origin.same_cudnn(running)) report.other_cudnn_entries += section.size();
   }
   merge_into(store, std::move(checkpoint));

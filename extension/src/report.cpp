@@ -95,7 +95,7 @@ std::string summary(const Checkpoint& checkpoint) {
   out << checkpoint.size() << " entries for " << checkpoint.sections.size()
       << " device/cuDNN origin(s); file format " << checkpoint.header.format_version << ", written with "
       << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << "; "
-      << stored_plans(checkpoint) << " stored plans";
+      << stored_plans(checkpoint) << " stored plans; " << checkpoint.pending() << " pending keys";
   return out.str();
 }
 
@@ -134,7 +134,8 @@ std::string statistics(const Checkpoint& checkpoint) {
     });
     std::uint64_t plan_bytes = 0;
     for (const auto& [key, plan] : section.plans) plan_bytes += plan->bytes.size();
-    out << " stored plans " << section.plans.size() << " (" << bytes_text(plan_bytes) << ")\n";
+    out << " stored plans " << section.plans.size() << " (" << bytes_text(plan_bytes) << "), pending keys "
+        << section.pending_graph.size() << " graph, " << section.pending_legacy.size() << " legacy\n";
   }
   return out.str();
 }

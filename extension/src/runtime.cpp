@@ -300,31 +300,23 @@ const Origin& Runtime::origin_of_device(int index) {
 }
 
 void Runtime::record_miss(const Origin& origin, Backend backend, const ConvolutionKey& key) {
-  std::lock_guard lock(recorded_mutex_);
-  recorded_.emplace(origin, static_cast<int>(backend), key);
+  store_.caches(origin).pending.insert(backend == Backend::graph, key);
 }
 
 std::vector<RecordedMiss> Runtime::recorded_misses() const {
   std::vector<RecordedMiss> result;
-  std::lock_guard lock(recorded_mutex_);
-  for (const auto& [origin, backend, key] : recorded_) {
-    bool cached = false;
-    if (const DirectionCaches* caches = store_.find(origin)) {
-      for_each_cache([&, caches = caches, backend = backend, key = key](auto traits) {
-        using Traits = decltype(traits);
-        if (is_graph<Traits> != (backend == static_cast<int>(Backend::graph))) return;
-        if (static_cast<std::int32_t>(Traits::direction) != key.direction) return;
-        cached = cached || caches->template get<Traits>().find(key) != nullptr;
-      });
+  for (const auto& [origin, caches] : store_.origins()) {
+    for (const Backend backend : {Backend::graph, Backend::legacy}) {
+      for (const ConvolutionKey& key : caches->pending_keys(backend == Backend::graph)) {
+        result.push_back({origin, backend, key});
+      }
     }
-    if (!cached) result.push_back({origin, static_cast<Backend>(backend), key});
   }
   return result;
 }
 
 void Runtime::clear_recorded_misses() {
-  std::lock_guard lock(recorded_mutex_);
-  recorded_.clear();
+  for (const auto& [origin, caches] : store_.origins()) store_.caches(origin).pending.clear();
 }
 
 void Runtime::count_fallback(const std::string& what) {

@@ -116,6 +116,10 @@ inline std::string difference(const Checkpoint& a, const Checkpoint& b) {
         return out.str();
       }
     }
+    if (x.pending_graph != y.pending_graph || x.pending_legacy != y.pending_legacy) {
+      out << x.origin << ": pending keys differ (" << x.pending() << " vs " << y.pending() << ")";
+      return out.str();
+    }
   }
   return {};
 }

@@ -678,6 +678,49 @@ TEST_CASE("format 2 cannot be written with stored plans", "[checkpoint][plans]")
   CHECK_THAT(error_of([&] { serialize(checkpoint); }), Contains("cannot hold stored plans"));
 }
 
+TEST_CASE("pending keys survive a save and load, merge with a store's, and drop out once cached",
+          "[checkpoint][pending]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  DirectionCaches& caches = store.caches(running_origin());
+  const ConvolutionKey graph_key = conv_key(Direction::forward, 21), legacy_key = conv_key(Direction::backward_data, 22);
+  caches.pending.insert(true, graph_key);
+  caches.pending.insert(true, graph_key);  // kept once
+  caches.pending.insert(false, legacy_key);
+  const Checkpoint written = snapshot(store);
+  REQUIRE(written.pending() == 2);
+  const Checkpoint read = deserialize(serialize(written), "pending.bin");
+  CHECK(difference(written, read) == "");
+  CHECK(read.sections[0].pending_graph == std::vector<ConvolutionKey>{graph_key});
+  CHECK(read.sections[0].pending_legacy == std::vector<ConvolutionKey>{legacy_key});
+
+  // Merged into another store, with a pending key of its own: both are pending there.
+  CacheStore other;
+  const ConvolutionKey own = conv_key(Direction::backward_filter, 23);
+  other.caches(running_origin()).pending.insert(true, own);
+  merge_into(other, read);
+  CHECK(other.caches(running_origin()).pending_keys(true) == std::vector<ConvolutionKey>{graph_key, own});
+  // Once the graph key is cached it is no longer pending: not listed, not saved. The legacy cache holding it
+  // does not make it cached for the graph API.
+  other.caches(running_origin()).forward.insert(graph_key, Ranking<ForwardTraits>::of({candidate<ForwardTraits>(1, 0.5f)}));
+  CHECK(other.caches(running_origin()).pending_keys(true) == std::vector<ConvolutionKey>{graph_key, own});
+  other.caches(running_origin()).graph_forward.insert(graph_key, Ranking<GraphFwd>::of({engine(3, 1.0f)}));
+  CHECK(other.caches(running_origin()).pending_keys(true) == std::vector<ConvolutionKey>{own});
+  CHECK(snapshot(other).sections[0].pending_graph == std::vector<ConvolutionKey>{own});
+  // A section that holds pending keys only is still written.
+  CacheStore only;
+  only.caches(running_origin()).pending.insert(false, legacy_key);
+  CHECK(deserialize(serialize(snapshot(only)), "only.bin").pending() == 1);
+}
+
+TEST_CASE("format 3 cannot be written with pending keys", "[checkpoint][pending]") {
+  CacheStore store;
+  store.caches(running_origin()).pending.insert(true, conv_key(Direction::forward));
+  Checkpoint checkpoint = snapshot(store);
+  checkpoint.header.format_version = 3;
+  CHECK_THAT(error_of([&] { serialize(checkpoint); }), Contains("file format 3 cannot hold pending keys"));
+}
+
 TEST_CASE("a file with a valid checksum but an invalid stored plan is rejected", "[checkpoint][plans]") {
   CacheStore store;
   add_handcrafted_entries(store, running_origin());

@@ -46,6 +46,9 @@ Checkpoint sample() {
   plan.cudnn_version = 91900;
   plan.bytes = {0, 1, 2, 250, 251, 255, 7};
   caches.plans.insert(conv_key(Direction::forward, 5), plan);
+  caches.pending.insert(true, conv_key(Direction::backward_data, 11));
+  caches.pending.insert(true, conv_key(Direction::forward, 12));
+  caches.pending.insert(false, conv_key(Direction::backward_filter, 13));
   return snapshot(store);
 }
 
@@ -54,7 +57,9 @@ Checkpoint sample() {
 TEST_CASE("a checkpoint round-trips through JSON, stored plans included", "[report][json]") {
   const Checkpoint original = sample();
   const std::string json = to_json(original);
-  CHECK_THAT(json, Contains("\"graph_forward\"") && Contains("\"stored_plans\"") && Contains("\"knobs\""));
+  CHECK_THAT(json, Contains("\"graph_forward\"") && Contains("\"stored_plans\"") && Contains("\"knobs\"") &&
+                       Contains("\"pending_graph\"") && Contains("\"pending_legacy\""));
+  CHECK(original.pending() == 3);
   const Checkpoint read = from_json(json, "export.json");
   CHECK(read.header.format_version == original.header.format_version);
   CHECK(difference(original, read) == "");
@@ -62,10 +67,11 @@ TEST_CASE("a checkpoint round-trips through JSON, stored plans included", "[repo
 }
 
 TEST_CASE("an export of format 3, whose engine configs have no heuristic position, still imports", "[report][json]") {
-  const Checkpoint original = sample();
+  Checkpoint original = sample();
+  for (CheckpointSection& section : original.sections) section.pending_graph = section.pending_legacy = {};
+  original.header.format_version = 3;  // no pending keys in its JSON
   // What a build of format 3 wrote: its engine configs are of cereal class version 1, without the field.
   std::string json = std::regex_replace(to_json(original), std::regex(",\\s*\"heuristic_index\": -?[0-9]+"), "");
-  json = replaced(json, kCurrent, "\"format_version\": 3");
   const std::size_t engine_class = json.find("\"cereal_class_version\": 2");
   REQUIRE(engine_class != std::string::npos);  // EngineCandidate's, the only class of version 2
   json.replace(engine_class, std::strlen("\"cereal_class_version\": 2"), "\"cereal_class_version\": 1");
@@ -115,6 +121,19 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   SECTION("graph-API entries in format 1") {
     text = replaced(json, kCurrent, "\"format_version\": 1");
     reason = "format_version 1 cannot hold graph-API entries";
+  }
+  SECTION("pending keys out of order") {
+    const Checkpoint unordered = [] {
+      Checkpoint checkpoint = sample();
+      std::swap(checkpoint.sections[0].pending_graph[0], checkpoint.sections[0].pending_graph[1]);
+      return checkpoint;
+    }();
+    text = to_json(unordered);
+    reason = "pending_graph key 1 is out of order or repeated";
+  }
+  SECTION("pending keys in format 3") {
+    text = replaced(json, kCurrent, "\"format_version\": 3");
+    reason = "unknown field 'sections[0].pending_graph'";
   }
   SECTION("stored plans in format 2") {
     text = replaced(json, kCurrent, "\"format_version\": 2");

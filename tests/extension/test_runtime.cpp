@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/runtime.h"
 
 using namespace cudnn_cache;
@@ -111,6 +112,14 @@ TEST_CASE("the record policy's misses are kept once each, and drop out once thei
   }
   runtime.clear_recorded_misses();
   CHECK(runtime.recorded_misses().empty());
+
+  // Pending keys of a loaded file are recorded misses too (Note [Pending keys]): what tune_pending and sync tune.
+  CacheStore file;
+  file.caches(origin).pending.insert(false, backward);
+  merge_into(runtime.store(), snapshot(file));
+  misses = runtime.recorded_misses();
+  REQUIRE(misses.size() == 1);
+  CHECK((misses[0].backend == Backend::legacy && misses[0].key == backward && misses[0].origin == origin));
 }
 
 TEST_CASE("a runtime reads its limits from the environment when it starts, and ignores a value that is not a count",

@@ -59,6 +59,10 @@ Checkpoint sample(std::uint32_t version, std::size_t entries, std::uint64_t seed
       section.plans.emplace_back(section.graph_forward.front().first,
                                  std::make_shared<const StoredPlan>(std::move(plan)));
     }
+    if (version >= 4) {  // pending keys: an entry's key of the other API, which the caches of this one lack
+      if (!section.forward.empty()) section.pending_graph.push_back(section.forward.front().first);
+      if (!section.graph_forward.empty()) section.pending_legacy.push_back(section.graph_forward.front().first);
+    }
   }
   return checkpoint;
 }

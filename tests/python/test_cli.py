@@ -114,3 +114,68 @@ def test_merge_keeps_the_faster_best_and_reports_the_conflict(cli, files, tmp_pa
     # The merged file's best for that key is the faster (edited) one.
     best = cli("diff", tmp_path / "edited.cache", tmp_path / "merged.cache")
     assert "0 with another best" in best.stdout
+
+
+@pytest.fixture
+def pending_file(cli, files, tmp_path):
+    """a.cache with one pending key of the graph API (a legacy entry's key, which no graph entry holds), made
+    by editing its JSON export as a person would."""
+    exported = cli("export", files[0], "--json")
+    assert exported.returncode == 0, exported.stderr
+    document = json.loads(exported.stdout)
+    section = document["sections"][0]
+    key = section["legacy_forward"][1]["key"]  # not the first key: that one carries the class versions
+    assert all(entry["key"] != key for entry in section["graph_forward"])
+    section["pending_graph"] = [key]
+    edited = tmp_path / "pending.json"
+    edited.write_text(json.dumps(document, indent=4))
+    path = tmp_path / "pending.cache"
+    result = cli("import", edited, "-o", path)
+    assert result.returncode == 0, result.stderr
+    return path, key
+
+
+def test_pending_keys_are_listed_and_survive_load_save_and_merge(cli, pending_file, files, tmp_path, cache_state):
+    """Note [Pending keys]: a file's pending keys are the process's after a load, are saved again, and are kept
+    by merge; the summary and stats count them."""
+    path, key = pending_file
+    assert "; 1 pending keys" in cli("validate", path).stdout
+    assert "pending keys 1 graph, 0 legacy" in cli("stats", path).stdout
+    from cudnn_cache import distributed
+
+    cache_state.load(str(path))
+    [(origin, backend, pending)] = distributed.recorded_misses()
+    assert backend == "graph" and pending[0] == key["direction"]
+    saved = tmp_path / "saved.cache"
+    cache_state.save(str(saved), merge=False)
+    assert "; 1 pending keys" in cli("validate", saved).stdout
+    merged = tmp_path / "merged.cache"
+    assert cli("merge", files[1], saved, "-o", merged).returncode == 0
+    assert "; 1 pending keys" in cli("validate", merged).stdout
+    cache_state.clear()  # clear() forgets pending keys with the entries
+    assert distributed.recorded_misses() == []
+
+
+def test_tune_without_a_gpu_exits_4_and_leaves_the_file_as_it_was(cli, pending_file):
+    path, _ = pending_file
+    before = path.read_bytes()
+    result = cli("tune", path)
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/python/test_ops_gpu.py tunes pending keys")
+    assert result.returncode == 4, result.stderr
+    assert "no CUDA GPU here to time" in result.stderr and "1 pending keys" in result.stderr
+    assert path.read_bytes() == before
+
+
+def test_tune_refuses_a_missing_file_and_bad_options(cli, tmp_path):
+    missing = cli("tune", tmp_path / "missing.cache")
+    assert missing.returncode == 3 and "missing.cache" in missing.stderr
+    assert cli("tune", tmp_path / "missing.cache", "--max-seconds", "-1").returncode == 2
+    assert cli("tune", tmp_path / "missing.cache", "--max-seconds", "soon").returncode == 2
+
+
+def test_tune_pending_refuses_a_negative_time(cache_state):
+    with pytest.raises(ValueError, match="max_seconds must be a number of seconds >= 0"):
+        cache_state.tune_pending(max_seconds=-1)

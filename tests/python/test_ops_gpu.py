@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
+from cudnn_cache import distributed
 
 pytestmark = pytest.mark.gpu
 
@@ -242,6 +243,37 @@ def test_a_fresh_process_that_loaded_the_cache_tunes_nothing(child_env, tmp_path
 
 
 # --- Miss policies, query and fill -----------------------------------------------------------------------------
+
+def test_pending_keys_are_saved_tuned_offline_by_the_cli_and_run_tuned_in_the_next_process(cli, tmp_path):
+    """Note [Pending keys]: the record policy's misses are saved in the file; `python -m cudnn_cache tune FILE`
+    tunes them in another process and saves them into the file; a process that loads it misses nothing."""
+    cudnn_cache.set_miss_policy("record")
+    x, w = randn(2, 4, 8, 8), randn(8, 4, 3, 3)
+    ops.convolution(x, w, None, [1], [1], [1], 1)
+    assert cudnn_cache.size() == 0 and len(distributed.recorded_misses()) == 1
+    path = tmp_path / "pending.cache"
+    cudnn_cache.save(str(path))
+    assert "; 1 pending keys" in cli("validate", path).stdout
+    tuned = cli("tune", path, "--max-seconds", "60")
+    assert tuned.returncode == 0, tuned.stderr
+    assert "tuned 1 pending keys" in tuned.stdout and "; 0 pending keys" in tuned.stdout
+    cudnn_cache.clear()
+    cudnn_cache.load(str(path))
+    cudnn_cache.set_miss_policy("error")  # a miss would raise
+    torch.testing.assert_close(ops.convolution(x, w, None, [1], [1], [1], 1), F.conv2d(x, w, padding=1))
+    assert distributed.recorded_misses() == []
+
+
+def test_tune_pending_tunes_this_gpus_pending_keys_within_its_time(cache_state):
+    cudnn_cache.set_miss_policy("record")
+    x, w = randn(2, 4, 8, 8).requires_grad_(), randn(8, 4, 3, 3).requires_grad_()
+    ops.convolution(x, w, None, [1], [1], [1], 1).sum().backward()
+    assert len(distributed.recorded_misses()) == 3  # forward, backward-data, backward-filter
+    assert cudnn_cache.tune_pending(max_seconds=0) == 0  # no time: nothing is started
+    assert cudnn_cache.tune_pending() == 3 and cudnn_cache.size() == 3
+    assert distributed.recorded_misses() == [] and cudnn_cache.stats()["tunes"] == 3
+
+
 
 def test_error_policy_names_the_missing_key():
     cudnn_cache.set_miss_policy("error")

@@ -8,6 +8,8 @@
     cudnn_cache export FILE --json [-o OUT]   the file as JSON (stdout without -o)
     cudnn_cache import [--json] JSON -o FILE  a cache file from a JSON export
     cudnn_cache synth FILE --entries N [--seed S]   a file of N synthetic entries (tests, benchmarks)
+    cudnn_cache tune FILE [--max-seconds S] [--device D]
+                                          tune FILE's pending keys of this GPU and save them into it
     cudnn_cache run [--cache PATH] [--no-intercept] train.py|-m MODULE [ARGS...]
                                           a script with the cache (python -m cudnn_cache.run)
 
@@ -19,7 +21,7 @@ leave it where it is.
 
 Exit codes: 0 success (diff: the files hold the same entries and bests); 1 diff found differences; 2 usage
 error; 3 a file is missing, unreadable, corrupt or not a cache file, or cannot be written (the reason is on
-stderr, in one line). run exits with the script's status.
+stderr, in one line); 4 tune found no CUDA GPU to time on. run exits with the script's status.
 """
 
 import argparse
@@ -29,7 +31,7 @@ from typing import List, Optional
 
 from . import _cli
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE = 0, 1, 2, 3
+EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE, EXIT_NO_GPU = 0, 1, 2, 3, 4
 
 
 def _ops():
@@ -101,6 +103,36 @@ def _synth(args) -> int:
     return EXIT_OK
 
 
+def _tune(args) -> int:
+    import torch
+
+    import cudnn_cache
+
+    ops = _ops()
+    summary = ops.file_summary(args.file)  # a missing or invalid file fails here, before any GPU work
+    if not torch.cuda.is_available():
+        print(f"{program()} tune: no CUDA GPU here to time {args.file}'s pending keys on; run it on a GPU of the "
+              f"kind that met them ({summary})", file=sys.stderr)
+        return EXIT_NO_GPU
+    cudnn_cache.clear()
+    cudnn_cache.load(args.file)
+    tuned = cudnn_cache.tune_pending(max_seconds=args.max_seconds, device=args.device)
+    cudnn_cache.save(args.file)  # merged with the file: what another process saved meanwhile stays
+    print(f"{args.file}: tuned {tuned} pending keys of this GPU; wrote {ops.file_summary(args.file)}")
+    return EXIT_OK
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"takes a number of seconds >= 0, not {text!r}")
+    return value
+
+
 SYNTHETIC_ENTRIES_LIMIT = 100_000  # kMaxSyntheticEntries in extension/include/cudnn_cache/synthetic.h
 SEED_LIMIT = 10**18 - 1
 
@@ -169,6 +201,14 @@ def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
     command.add_argument("--seed", type=_count(SEED_LIMIT), default=1, metavar="S",
                          help="the same seed gives the same entries (default 1)")
     command.set_defaults(run=_synth)
+
+    command = commands.add_parser("tune", help="tune a file's pending keys of this GPU, into the file")
+    command.add_argument("file")
+    command.add_argument("--max-seconds", type=_seconds, default=None, metavar="S",
+                         help="start no key after S seconds; the rest stay pending (default: tune them all)")
+    command.add_argument("--device", type=_count(1023), default=None, metavar="D",
+                         help="the CUDA device to tune on (default: the current one)")
+    command.set_defaults(run=_tune)
 
     # Parsed by cudnn_cache.run itself (main() hands it everything after "run"); here for --help's list.
     commands.add_parser("run", add_help=False, help="run a script or module with the cache (--help: its options)")

@@ -76,7 +76,7 @@ def resolve(value: str) -> Optional[pathlib.Path]:
 
 
 _active: Optional[pathlib.Path] = None
-_loaded: List[int] = []  # the digests of the cache's entries once the file was loaded: See _save_at_exit
+_loaded: List[object] = []  # the cache's content once the file was loaded (_content): See _save_at_exit
 
 
 def active_file() -> Optional[pathlib.Path]:
@@ -117,18 +117,21 @@ def activate(value: str) -> Optional[pathlib.Path]:
     return path
 
 
-def _content() -> List[int]:
-    """The digests of every entry of the cache (origin, cache, key, ranking, stored plan), sorted: equal lists,
-    equal caches."""
-    return sorted(torch.ops.cudnn_cache.inventory()[2][:, 2].tolist())
+def _content() -> List[object]:
+    """The digests of every entry of the cache (origin, cache, key, ranking, stored plan), sorted, then its pending
+    keys (Note [Pending keys]), sorted: equal lists, equal caches."""
+    from . import distributed
+
+    return [sorted(torch.ops.cudnn_cache.inventory()[2][:, 2].tolist()), sorted(distributed.recorded_misses())]
 
 
 def _save_at_exit() -> None:
-    """Saves the cache into the active file, unless it holds nothing or nothing this process did not load
-    from that file: then there is nothing to add, and a file this process cannot write is no concern of it."""
+    """Saves the cache into the active file, unless it holds nothing (no entry, no pending key) or nothing this
+    process did not load from that file: then there is nothing to add, and a file this process cannot write is
+    no concern of it."""
     import cudnn_cache  # imported already: activate() ran at the end of the package's import
 
-    if _active is None or cudnn_cache.size() == 0 or _content() == _loaded:
+    if _active is None or _content() in (_loaded, [[], []]):
         return
     try:
         _active.parent.mkdir(parents=True, exist_ok=True)

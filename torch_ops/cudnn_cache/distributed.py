@@ -63,14 +63,15 @@ def _origins(names: List[str], numbers: List[int]) -> List[Origin]:
 
 
 def recorded_misses() -> List[Tuple[Origin, str, Tuple[int, ...]]]:
-    """The (origin, backend, key) of every miss the 'record' policy remembered that is still not cached."""
+    """The (origin, backend, key) of every pending key that is still not cached: the misses the 'record' policy
+    remembered, and the pending keys of loaded files (cudnn_cache.tune_pending tunes this GPU's)."""
     names, numbers, rows = _ops.recorded_misses()
     origins = _origins(names, numbers)
     return [(origins[row[0]], _BACKENDS[row[1]], tuple(row[2:])) for row in rows.tolist()]
 
 
 def clear_recorded_misses() -> None:
-    """Forgets every recorded miss."""
+    """Forgets every recorded miss (every pending key)."""
     _ops.clear_recorded_misses()
 
 

@@ -2,9 +2,11 @@
 
 // All perf caches of a process, by origin (device identity + cuDNN major.minor).
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -14,6 +16,42 @@
 #include "cudnn_cache/plan_store.h"
 
 namespace cudnn_cache {
+
+// Note [Pending keys]
+// ~~~~~~~~~~~~~~~~~~~
+// A key the process met and did not tune is pending: a miss under the record policy (or under tune while the
+// stream captured a CUDA graph), per backend. It is kept with its origin's caches, saved in the file (format 4)
+// and merged like entries, and tuned later, off the training path: by cudnn_cache.tune_pending() (between
+// epochs), `python -m cudnn_cache tune FILE` (offline, on a GPU of the origin) or distributed.sync() (split
+// between ranks). A key carries every size, stride and parameter, so it is enough to time it on. A pending key
+// that is cached by now (tuned here, or in a file merged since) is no longer pending: it is not listed nor saved.
+class PendingKeys {
+ public:
+  // Remembers the key as pending for the graph API's caches (`graph`) or the legacy ones; a repeat is kept once.
+  void insert(bool graph, const ConvolutionKey& key) {
+    std::lock_guard lock(mutex_);
+    (graph ? graph_ : legacy_).insert(key);
+  }
+  // The keys pending for that backend, sorted.
+  std::vector<ConvolutionKey> keys(bool graph) const {
+    std::lock_guard lock(mutex_);
+    const std::set<ConvolutionKey>& keys = graph ? graph_ : legacy_;
+    return {keys.begin(), keys.end()};
+  }
+  std::size_t size() const {
+    std::lock_guard lock(mutex_);
+    return graph_.size() + legacy_.size();
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    graph_.clear();
+    legacy_.clear();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<ConvolutionKey> graph_, legacy_;
+};
 
 // The perf caches of one origin: the legacy algorithms' and the graph API's engine configs, per direction;
 // and the serialized plans of runtime-compiled engine configs (Note [Stored plans]).
@@ -25,6 +63,7 @@ struct DirectionCaches {
   PerfCache<GraphBackwardDataTraits> graph_backward_data;
   PerfCache<GraphBackwardFilterTraits> graph_backward_filter;
   PlanStore plans;
+  PendingKeys pending;  // Note [Pending keys]
 
   // The cache of the backend and direction Traits describes.
   template <typename Traits>
@@ -35,6 +74,17 @@ struct DirectionCaches {
   template <typename Traits>
   const PerfCache<Traits>& get() const {
     return const_cast<DirectionCaches*>(this)->get<Traits>();
+  }
+
+  // Whether the graph API's caches (`graph`) or the legacy ones hold the key, in its direction's cache.
+  bool holds(bool graph, const ConvolutionKey& key) const;
+
+  // The keys pending for that backend that are not cached by now, sorted (Note [Pending keys]).
+  std::vector<ConvolutionKey> pending_keys(bool graph) const {
+    std::vector<ConvolutionKey> keys = pending.keys(graph);
+    keys.erase(std::remove_if(keys.begin(), keys.end(), [&](const ConvolutionKey& key) { return holds(graph, key); }),
+               keys.end());
+    return keys;
   }
 
   // Entries in all six caches (stored plans belong to entries and are not counted).
@@ -50,6 +100,7 @@ struct DirectionCaches {
     graph_backward_data.clear();
     graph_backward_filter.clear();
     plans.clear();
+    pending.clear();
   }
 };
 
@@ -74,6 +125,17 @@ template <typename F>
 void for_each_cache(F&& f) {
   for_each_direction(f);
   for_each_graph_direction(f);
+}
+
+inline bool DirectionCaches::holds(bool graph, const ConvolutionKey& key) const {
+  bool held = false;
+  for_each_cache([&](auto traits) {
+    using Traits = decltype(traits);
+    if (is_graph<Traits> == graph && static_cast<std::int32_t>(Traits::direction) == key.direction) {
+      held = get<Traits>().find(key) != nullptr;
+    }
+  });
+  return held;
 }
 
 // Every origin's caches. Safe to use from many threads at once.

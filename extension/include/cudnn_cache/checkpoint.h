@@ -19,7 +19,8 @@ namespace cudnn_cache {
 // The format this build writes; it reads every version from 1 up to this one. Version 2 added the graph API's
 // engine configs, version 3 stored plans (Note [Stored plans]); older files simply have none. Version 4 engine
 // configs may be positions in heuristics' list (EngineCandidate::heuristic_index, the config's cereal class
-// version 2): earlier builds cannot read them, hence the new number. (A file of format 2 or 3 written by this
+// version 2), and each origin's pending keys follow its stored plans (Note [Pending keys] in cache_store.h):
+// earlier builds cannot read them, hence the new number. (A file of format 2 or 3 written by this
 // build, as the reader's tests write them, has them too.)
 inline constexpr std::uint32_t kFormatVersion = 4;
 
@@ -43,6 +44,8 @@ struct CheckpointSection {
   std::vector<PerfCache<GraphBackwardDataTraits>::Entry> graph_backward_data;
   std::vector<PerfCache<GraphBackwardFilterTraits>::Entry> graph_backward_filter;
   std::vector<PlanStore::Entry> plans;  // sorted by key
+  // Keys met and not tuned, of the graph API's caches and the legacy ones, sorted (Note [Pending keys]).
+  std::vector<ConvolutionKey> pending_graph, pending_legacy;
 
   template <typename Traits>
   std::vector<typename PerfCache<Traits>::Entry>& entries() {
@@ -58,6 +61,7 @@ struct CheckpointSection {
     return forward.size() + backward_data.size() + backward_filter.size() + graph_forward.size() +
            graph_backward_data.size() + graph_backward_filter.size();
   }
+  std::size_t pending() const { return pending_graph.size() + pending_legacy.size(); }
 };
 
 // The whole content of a cache file, detached from any store.
@@ -66,6 +70,7 @@ struct Checkpoint {
   std::vector<CheckpointSection> sections;  // sorted by origin, one per origin
 
   std::size_t size() const;
+  std::size_t pending() const;  // pending keys over all sections
 };
 
 // What a load did.
@@ -74,6 +79,7 @@ struct LoadReport {
   std::size_t entries = 0;            // entries in the file, all merged into the store
   std::size_t other_cudnn_entries = 0;  // of those, measured with another cuDNN major.minor: kept, never used
   std::size_t plans = 0;              // stored plans in the file, all merged into the store
+  std::size_t pending = 0;            // pending keys in the file, all merged into the store
 };
 
 // The file's 64-bit checksum (Note [Checksum] in checkpoint.cpp) of any bytes; also the digest of entries.
@@ -86,7 +92,8 @@ Checkpoint snapshot(const CacheStore& store);
 void merge_into(CacheStore& store, Checkpoint checkpoint);
 
 // The file's bytes for a checkpoint, in the format version its header names (kFormatVersion from snapshot).
-// Throws Error if that version cannot hold its content (graph-API entries need version 2, stored plans 3).
+// Throws Error if that version cannot hold its content (graph-API entries need version 2, stored plans 3,
+// pending keys 4).
 std::string serialize(const Checkpoint& checkpoint);
 
 // A file's bytes for a header and payload bytes taken as they are: the header, the payload and the checksum

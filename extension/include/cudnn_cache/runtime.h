@@ -268,11 +268,13 @@ class Runtime {
   // The origin of CUDA device `index` (its identity is read once, as for caches_for_device).
   const Origin& origin_of_device(int index);
 
-  // Remembers a miss of the backend's cache for the key (the record miss policy); a repeat is kept once.
+  // Remembers a miss of the backend's cache for the key (the record miss policy) as a pending key of the
+  // origin's caches (Note [Pending keys] in cache_store.h); a repeat is kept once.
   void record_miss(const Origin& origin, Backend backend, const ConvolutionKey& key);
-  // The recorded misses that are still not cached, in order of origin, backend and key.
+  // The pending keys that are still not cached (recorded here, or loaded from a file), in order of origin,
+  // backend and key.
   std::vector<RecordedMiss> recorded_misses() const;
-  // Forgets every recorded miss.
+  // Forgets every pending key.
   void clear_recorded_misses();
 
   // Counts a call that could not use the best of what the cache holds for it in stats().fallbacks and, the
@@ -343,8 +345,6 @@ class Runtime {
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
   std::array<Origin, kMaxDevices> device_origins_{};  // written under mutex_ before its device_caches_ slot
-  mutable std::mutex recorded_mutex_;                  // guards recorded_
-  std::set<std::tuple<Origin, int, ConvolutionKey>> recorded_;  // origin, backend, key
   std::mutex background_mutex_;  // guards background_
   std::future<PrepareReport> background_;
 };
