@@ -13,12 +13,17 @@ entries accumulate across runs (and across models).
         --output resnet50.cache
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive \\
         --output resnet50.cache
+    python3 scripts/warm_start.py --pending shapes.cache
 
 --exhaustive times every engine config cuDNN offers for each convolution (heuristics modes A and B and the
 fallback list, and a wider knob neighbourhood: the tuning option exhaustive=True), minutes where the default
 takes seconds, for CI or a one-off tuning job whose file every later run loads. It searches every key of the
 model again, whether or not the file holds it, and the save merges with the file (per key, the faster
 measurement of each candidate wins).
+
+--pending FILE tunes FILE's pending keys instead of a model's convolutions: the shapes a training run met and did
+not tune (the 'record' miss policy, Note [Pending keys]), for this GPU's identity, saved into FILE (merged). It is
+`cudnn_cache tune FILE`, and under torchrun the ranks split the keys as they do a model's.
 
 Under torchrun (WORLD_SIZE > 1) each rank takes GPU LOCAL_RANK and runs the model once under the 'record'
 miss policy (cuDNN's heuristics, every missed key remembered); cudnn_cache.distributed.sync() then has each
@@ -57,18 +62,32 @@ def parse_args(argv):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a torchvision model name, e.g. resnet50 (built with random weights)")
     source.add_argument("--torchscript", help="a TorchScript file whose convolutions use the cudnn_cache ops")
-    parser.add_argument("--shape", type=parse_shape, action="append", required=True,
+    source.add_argument("--pending", metavar="FILE",
+                        help="tune the pending keys of this cache file, into it, instead of a model's convolutions")
+    parser.add_argument("--shape", type=parse_shape, action="append",
                         help="input shape without the batch, e.g. 3,224,224; repeat for several")
-    parser.add_argument("--batch-size", type=int, action="append", required=True, help="repeat for several")
+    parser.add_argument("--batch-size", type=int, action="append", help="repeat for several")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--channels-last", action="store_true", help="run in channels_last (NHWC / NDHWC)")
-    parser.add_argument("--output", required=True,
-                        help="the cache file to write (loaded first if it exists, unless --exhaustive)")
+    parser.add_argument("--output",
+                        help="the cache file to write (loaded first if it exists, unless --exhaustive); with "
+                             "--pending, FILE itself")
     parser.add_argument("--exhaustive", action="store_true",
                         help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
     parser.add_argument("--device", default="cuda",
                         help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
     args = parser.parse_args(argv)
+    if args.pending is not None:
+        if args.shape or args.batch_size or args.exhaustive or args.channels_last:
+            parser.error("--pending tunes the file's own keys: it takes no --shape, --batch-size, --exhaustive or "
+                         "--channels-last")
+        if args.output not in (None, args.pending):
+            parser.error("--pending FILE writes FILE itself; leave out --output")
+        args.output = args.pending
+        return args
+    for option, value in (("--shape", args.shape), ("--batch-size", args.batch_size), ("--output", args.output)):
+        if not value:
+            parser.error(f"{option} is required with --model or --torchscript")
     if min(args.batch_size) < 1:
         parser.error("--batch-size must be >= 1")
     return args
@@ -149,7 +168,27 @@ def main(argv=None) -> int:
             dist.destroy_process_group()
 
 
+def tune_pending_keys(args, cudnn_cache, rank_device) -> int:
+    """--pending: the file's pending keys of this GPU, tuned here (or split between the ranks) and saved into it."""
+    distributed = rank_device is not None
+    device = rank_device if distributed else torch.device(args.device)
+    started = time.perf_counter()
+    if not os.path.exists(args.pending):
+        print(f"warm_start: --pending {args.pending}: no such file", file=sys.stderr)
+        return 1
+    cudnn_cache.load(args.pending)
+    if not distributed:
+        tuned = cudnn_cache.tune_pending(device=device.index)
+        cudnn_cache.save(args.pending)
+        print(f"warm_start: tuned {tuned} pending keys of {args.pending} in {time.perf_counter() - started:.1f} s; "
+              f"{len(cudnn_cache.distributed.recorded_misses())} still pending (other GPUs' or cuDNNs')")
+        return 0
+    return sync_and_save(args, cudnn_cache, device, started)
+
+
 def warm_start(args, cudnn_cache, rank_device) -> int:
+    if args.pending is not None:
+        return tune_pending_keys(args, cudnn_cache, rank_device)
     distributed = rank_device is not None
     device = rank_device if distributed else torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -188,7 +227,11 @@ def warm_start(args, cudnn_cache, rank_device) -> int:
         print(f"warm_start: {written} entries in {args.output} ({stats['tunes']} tuned now, {loaded} loaded); "
               f"{len(runs)} shape(s) in {time.perf_counter() - started:.1f} s")
         return 0
+    return sync_and_save(args, cudnn_cache, device, started)
 
+
+def sync_and_save(args, cudnn_cache, device, started) -> int:
+    """Under torchrun: the ranks split what some rank needs (recorded misses, pending keys) and rank 0 saves."""
     import torch.distributed as dist
 
     report = cudnn_cache.distributed.sync()

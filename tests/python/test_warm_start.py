@@ -1,5 +1,6 @@
 """scripts/warm_start.py: its arguments, what it does without a GPU, and on a GPU the exhaustive search it runs
-with --exhaustive (more engine configs timed per key than the default search)."""
+with --exhaustive (more engine configs timed per key than the default search) and the pending keys it tunes
+with --pending."""
 
 import pathlib
 import subprocess
@@ -21,6 +22,19 @@ def test_arguments_take_exhaustive_and_repeated_shapes():
     assert args.exhaustive and args.shape == [(3, 32, 32), (3, 64, 64)] and args.batch_size == [2]
     assert not warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2",
                                       "--output", "x.cache"]).exhaustive
+
+
+def test_pending_takes_the_file_alone_and_writes_into_it():
+    args = warm_start.parse_args(["--pending", "shapes.cache"])
+    assert args.pending == args.output == "shapes.cache"
+    assert warm_start.parse_args(["--pending", "shapes.cache", "--output", "shapes.cache"]).output == "shapes.cache"
+    for extra in (["--shape", "3,32,32"], ["--batch-size", "2"], ["--exhaustive"], ["--output", "other.cache"],
+                  ["--model", "resnet18"]):
+        with pytest.raises(SystemExit) as exit:
+            warm_start.parse_args(["--pending", "shapes.cache", *extra])
+        assert exit.value.code == 2, extra
+    with pytest.raises(SystemExit):  # a model needs its shapes
+        warm_start.parse_args(["--model", "resnet18", "--output", "x.cache"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a GPU")
@@ -56,3 +70,24 @@ def test_exhaustive_times_more_engine_configs_per_key_than_the_default(cache_sta
     for direction in configs["default"]:
         assert len(configs["exhaustive"][direction]) >= len(configs["default"][direction]), direction
     assert sum(map(len, configs["exhaustive"].values())) > sum(map(len, configs["default"].values()))
+
+
+@pytest.mark.gpu
+def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_path):
+    """Note [Pending keys]: a run under the record policy saves what it met; warm_start --pending tunes it into
+    the file, and a process that loads it misses nothing."""
+    cudnn_cache = cache_state
+    cudnn_cache.set_miss_policy("record")
+    x = torch.randn(2, 8, 12, 12, device="cuda", requires_grad=True)
+    conv = cudnn_cache.convert(nn.Conv2d(8, 8, 3, padding=1, bias=False)).cuda()
+    conv(x).sum().backward()
+    path = tmp_path / "shapes.cache"
+    cudnn_cache.save(str(path))
+    cudnn_cache.clear()
+    process = subprocess.run([sys.executable, str(SCRIPT), "--pending", str(path)], env=child_env, capture_output=True,
+                             text=True, timeout=300)
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert "tuned 3 pending keys" in process.stdout, process.stdout
+    assert cudnn_cache.load(str(path)) == 3
+    cudnn_cache.set_miss_policy("error")
+    conv(x).sum().backward()
