@@ -38,10 +38,6 @@ class PendingKeys {
     const std::set<ConvolutionKey>& keys = graph ? graph_ : legacy_;
     return {keys.begin(), keys.end()};
   }
-  std::size_t size() const {
-    std::lock_guard lock(mutex_);
-    return graph_.size() + legacy_.size();
-  }
   void clear() {
     std::lock_guard lock(mutex_);
     graph_.clear();
