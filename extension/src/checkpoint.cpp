@@ -165,6 +165,14 @@ void write_entries(cereal::PortableBinaryOutputArchive& archive, const Checkpoin
   for (const auto& [key, ranking] : entries) archive(key, ranking);
 }
 
+// Checks that `key` is valid and comes after `previous` (null for the first), as a file's keys of one list do;
+// the error names the key as the words of `name` say ("forward entry 3", "stored plan 2", ...).
+template <typename... Name>
+void check_next_key(const ConvolutionKey* previous, const ConvolutionKey& key, const Name&... name) {
+  if (const std::string problem = check_key(key); !problem.empty()) detail::throw_invalid(name..., ": ", problem);
+  if (previous && !(*previous < key)) detail::throw_invalid(name..., " is out of order or repeated");
+}
+
 // Appends entry i of a cache after checking it belongs there: its direction, a valid key, and key order.
 template <typename Traits>
 void append_entry(CheckpointSection& section, typename PerfCache<Traits>::Entry entry, std::size_t i) {
@@ -173,23 +181,13 @@ void append_entry(CheckpointSection& section, typename PerfCache<Traits>::Entry 
   if (entry.first.direction != static_cast<std::int32_t>(Traits::direction)) {
     detail::throw_invalid(direction, " entry ", i, " has a key of another direction");
   }
-  if (const std::string problem = check_key(entry.first); !problem.empty()) {
-    detail::throw_invalid(direction, " entry ", i, ": ", problem);
-  }
-  if (!entries.empty() && !(entries.back().first < entry.first)) {
-    detail::throw_invalid(direction, " entry ", i, " is out of order or repeated");
-  }
+  check_next_key(entries.empty() ? nullptr : &entries.back().first, entry.first, direction, " entry ", i);
   entries.push_back(std::move(entry));
 }
 
 // Appends stored plan i after checking its key and key order.
 void append_plan(CheckpointSection& section, const ConvolutionKey& key, StoredPlan plan, std::size_t i) {
-  if (const std::string problem = check_key(key); !problem.empty()) {
-    detail::throw_invalid("stored plan ", i, ": ", problem);
-  }
-  if (!section.plans.empty() && !(section.plans.back().first < key)) {
-    detail::throw_invalid("stored plan ", i, " is out of order or repeated");
-  }
+  check_next_key(section.plans.empty() ? nullptr : &section.plans.back().first, key, "stored plan ", i);
   section.plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
 }
 
@@ -229,12 +227,7 @@ const char* pending_name(bool graph) { return graph ? "pending_graph" : "pending
 // Appends pending key i after checking it and key order.
 void append_pending(CheckpointSection& section, bool graph, const ConvolutionKey& key, std::size_t i) {
   std::vector<ConvolutionKey>& keys = pending_of(section, graph);
-  if (const std::string problem = check_key(key); !problem.empty()) {
-    detail::throw_invalid(pending_name(graph), " key ", i, ": ", problem);
-  }
-  if (!keys.empty() && !(keys.back() < key)) {
-    detail::throw_invalid(pending_name(graph), " key ", i, " is out of order or repeated");
-  }
+  check_next_key(keys.empty() ? nullptr : &keys.back(), key, pending_name(graph), " key ", i);
   keys.push_back(key);
 }
 
