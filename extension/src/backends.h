@@ -11,6 +11,7 @@
 //   backend                 the Backend it is (for recorded misses)
 //   search(buffers, alloc, options)  times every candidate now and returns them ranked
 //   run(c, best, buffers, alloc)  runs candidate c; "" when it ran, else why it could not (a fallback)
+//   borrow(ranking)         what of another key's ranking this key may run (the nearest miss policy)
 // The legacy backend also gives cuDNN's heuristic order, the last resort of both (heuristics()).
 
 #include <memory>
@@ -72,6 +73,24 @@ class LegacyBackend {
     return detail::concat(Traits::algorithm_name(candidate.algorithm), ": ", cudnnGetErrorString(status));
   }
 
+  // The neighbour's candidates that cuDNN supports for this key, each with the workspace it needs here, in the
+  // neighbour's order: what the nearest miss policy runs (Note [Nearest key]).
+  Ranking<Traits> borrow(const Ranking<Traits>& neighbour) {
+    std::vector<Candidate<Traits>> kept;
+    for (Candidate<Traits> candidate : neighbour) {
+      if (!candidate.succeeded()) continue;
+      CUDNN_CACHE_CHECK(cudnnSetConvolutionMathType(descriptors_.convolution.get(), candidate.math_type));
+      std::size_t bytes = 0;
+      if (Algorithms<Traits>::workspace_size(handle_, descriptors_, candidate.algorithm, &bytes) !=
+          CUDNN_STATUS_SUCCESS) {
+        continue;
+      }
+      candidate.workspace_bytes = bytes;
+      kept.push_back(candidate);
+    }
+    return Ranking<Traits>::of(kept.begin(), kept.end());
+  }
+
   // cuDNN's heuristic order for the key, as candidates (not ranked: the order is cuDNN's).
   std::vector<Candidate<Traits>> heuristics() {
     std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
@@ -127,6 +146,17 @@ class GraphBackend {
         search_engine_configs(handle_, key_, buffers, allocate, options, &best_plan);
     if (best_plan) plans_.adopt(device_, key_, configs.front(), std::move(best_plan), stored_);
     return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
+  }
+
+  // The neighbour's configs but those cuDNN compiles at run time, which would compile again for this key on
+  // the training path: what the nearest miss policy runs (Note [Nearest key]). Whether the others build for
+  // this key shows when a call asks for their plan.
+  Ranking<GraphTraits<D>> borrow(const Ranking<GraphTraits<D>>& neighbour) {
+    std::vector<EngineCandidate> kept;
+    for (const EngineCandidate& config : neighbour) {
+      if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) == 0) kept.push_back(config);
+    }
+    return Ranking<GraphTraits<D>>::of(kept.begin(), kept.end());
   }
 
   std::string run(const EngineCandidate& config, bool best, const ConvolutionBuffers& buffers,

@@ -1,6 +1,7 @@
 #include "cudnn_cache/key.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <ostream>
 #include <sstream>
@@ -379,6 +380,42 @@ std::string layout_name(const TensorKey& key) {
     return five_d ? "NDHWC" : "NHWC";
   }
   return "strided";
+}
+
+namespace {
+
+// The output's batch times spatial volume: the GEMM extent that varies within a family (Note [Nearest key]).
+double pixels(const ConvolutionKey& key) {
+  double volume = key.output.dims[0];
+  for (int d = 2; d < key.output.nb_dims; ++d) volume *= key.output.dims[d];
+  return volume;
+}
+
+// Whether two tensors of keys with one filter and descriptor are one tensor at another batch or spatial size.
+bool same_family(const TensorKey& a, const TensorKey& b) {
+  if (a.data_type != b.data_type || a.nb_dims != b.nb_dims || a.dims[1] != b.dims[1]) return false;
+  const std::string layout = layout_name(a);
+  return layout != "strided" && layout == layout_name(b);
+}
+
+}  // namespace
+
+bool same_family(const ConvolutionKey& a, const ConvolutionKey& b) {
+  return a.direction == b.direction && a.weight == b.weight && a.convolution == b.convolution &&
+         same_family(a.input, b.input) && same_family(a.output, b.output);
+}
+
+double family_distance(const ConvolutionKey& a, const ConvolutionKey& b) {
+  return std::abs(std::log(pixels(a) / pixels(b)));
+}
+
+bool nearer(const ConvolutionKey& key, const ConvolutionKey& candidate, const ConvolutionKey& other) {
+  const double to_candidate = family_distance(key, candidate), to_other = family_distance(key, other);
+  if (to_candidate != to_other) return to_candidate < to_other;
+  const bool candidate_batch = candidate.output.dims[0] == key.output.dims[0];
+  const bool other_batch = other.output.dims[0] == key.output.dims[0];
+  if (candidate_batch != other_batch) return candidate_batch;
+  return candidate < other;
 }
 
 std::string layout_name(const FilterKey& key) {

@@ -28,12 +28,14 @@ const char* to_string(MissPolicy policy) {
     case MissPolicy::heuristic: return "heuristic";
     case MissPolicy::error: return "error";
     case MissPolicy::record: return "record";
+    case MissPolicy::nearest: return "nearest";
   }
   return "unknown";
 }
 
 MissPolicy miss_policy_from_string(const std::string& name) {
-  return from_name(name, std::array{MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record},
+  return from_name(name, std::array{MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record,
+                                    MissPolicy::nearest},
                    "miss policy");
 }
 

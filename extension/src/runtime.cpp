@@ -193,6 +193,13 @@ Runtime::Runtime()
   if (const auto limit = count_variable("CUDNN_CACHE_WORKSPACE_LIMIT", "the most bytes of workspace a call uses")) {
     workspace_limit_ = *limit;
   }
+  if (const char* policy = std::getenv("CUDNN_CACHE_MISS_POLICY"); policy != nullptr && *policy != '\0') {
+    try {
+      miss_policy_ = miss_policy_from_string(policy);
+    } catch (const Error& e) {
+      std::cerr << "cudnn_cache: CUDNN_CACHE_MISS_POLICY: " << e.what() << "; the miss policy stays 'tune'\n";
+    }
+  }
 }
 
 void Runtime::log(LogLevel level, const std::string& message) {
@@ -267,13 +274,14 @@ Stats Runtime::stats() const {
           plans_->plan_rebuilds.load(),
           plans_->plan_evictions.load(),
           capture_misses_.load(),
-          tune_waits_.load()};
+          tune_waits_.load(),
+          lent_.load()};
 }
 
 void Runtime::reset_stats() {
   for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
                         &plans_->plans_deserialized, &plans_->plan_rebuilds, &plans_->plan_evictions,
-                        &capture_misses_, &tune_waits_}) {
+                        &capture_misses_, &tune_waits_, &lent_}) {
     *counter = 0;
   }
 }
@@ -343,17 +351,18 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   }
   DirectionCaches& caches = caches_for_device(device);
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
-  const std::shared_ptr<const Ranking<Traits>> ranking =
-      lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate);
+  const Found<Traits> found = lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate);
   const Constraints constraints{deterministic, workspace_limit()};
   const BoundedAllocator bounded(allocate, constraints.workspace_limit);
   std::string why_not;  // why the cached candidates did not run, when they did not
-  if (ranking) {
-    Walk walked = walk(backend, *ranking, true, buffers, bounded.get(), constraints);
-    if (walked.ran && walked.why_not.empty()) return;
-    why_not = walked.why_not.empty() ? none_eligible(constraints) : std::move(walked.why_not);
-    count_fallback(could_not_run(key, why_not));  // a cached candidate passed over
-    if (walked.ran) return;
+  if (found.ranking) {
+    Walk walked = walk(backend, *found.ranking, !found.lent, buffers, bounded.get(), constraints);
+    if (walked.ran && (walked.why_not.empty() || found.lent)) return;
+    if (!found.lent) {  // a lent candidate passed over is no fallback: nothing was cached for the key
+      why_not = walked.why_not.empty() ? none_eligible(constraints) : std::move(walked.why_not);
+      count_fallback(could_not_run(key, why_not));  // a cached candidate passed over
+      if (walked.ran) return;
+    }
   }
   if constexpr (is_graph<Traits>) {
     LegacyBackend<Legacy> legacy(handle, key);
@@ -391,16 +400,15 @@ Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, cons
 }
 
 // The ranking cached for the key, or what the miss policy makes of a miss: a search run now and stored (tune;
-// one at a time per key, Note [One search per key]), nothing (heuristic: the caller runs cuDNN's heuristics), or
-// an Error naming the key (error).
-// Under the record policy the miss is also remembered, as a miss of the device's cache of the backend. A miss
-// under the tune policy while the stream captures a CUDA graph is a record miss, counted in capture_misses:
-// nothing may be timed during a capture (Note [Running a cached convolution]).
+// one at a time per key, Note [One search per key]), nothing (heuristic: the caller runs cuDNN's heuristics),
+// the nearest key's ranking, lent (nearest), or an Error naming the key (error).
+// Under the record and nearest policies the miss is also remembered as pending, for the device's cache of the
+// backend. A miss under the tune policy while the stream captures a CUDA graph is a record miss, counted in
+// capture_misses: nothing may be timed during a capture (Note [Running a cached convolution]).
 template <typename Traits, typename Chosen>
-std::shared_ptr<const Ranking<Traits>> Runtime::lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
-                                                       const ConvolutionKey& key, Chosen& backend,
-                                                       const ConvolutionBuffers& buffers,
-                                                       const WorkspaceAllocator& allocate) {
+Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
+                                       const ConvolutionKey& key, Chosen& backend, const ConvolutionBuffers& buffers,
+                                       const WorkspaceAllocator& allocate) {
   const char* kind = Chosen::kind;
   std::shared_ptr<const Ranking<Traits>> ranking = cache.find(key);
   if (ranking) {
@@ -408,10 +416,13 @@ std::shared_ptr<const Ranking<Traits>> Runtime::lookup(cudnnHandle_t handle, int
     if (logs(LogLevel::debug)) {
       log(LogLevel::debug, detail::concat("hit: ", kind, " ", Traits::describe(ranking->front()), " for ", key));
     }
-    return ranking;
+    return {std::move(ranking)};
   }
   ++misses_;
   MissPolicy policy = miss_policy();
+  if (policy == MissPolicy::nearest) {  // a key lent before runs what it was lent, at the cost of a lookup
+    if (auto lent = cache.lent(key)) return {std::move(lent), true};
+  }
   const bool deferred = policy == MissPolicy::tune && capturing(handle);
   if (deferred) {
     ++capture_misses_;
@@ -438,7 +449,8 @@ std::shared_ptr<const Ranking<Traits>> Runtime::lookup(cudnnHandle_t handle, int
                                   to_string(policy), "' applies. Run the warm start on this GPU and cuDNN to cache it "
                                   "for them"));
   }
-  if (policy == MissPolicy::record) record_miss(origin, Chosen::backend, key);
+  if (policy == MissPolicy::record || policy == MissPolicy::nearest) record_miss(origin, Chosen::backend, key);
+  if (policy == MissPolicy::nearest) return {lend(cache, key, backend), true};
   if (policy == MissPolicy::tune) {
     const bool searched = searching_->run_once(&cache, key, [&] {
       ranking = std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate));
@@ -449,7 +461,25 @@ std::shared_ptr<const Ranking<Traits>> Runtime::lookup(cudnnHandle_t handle, int
       ranking = cache.find(key);
     }
   }
-  return ranking;
+  return {std::move(ranking)};
+}
+
+// What the nearest miss policy lends the key, lent to it in the cache: what of the nearest key's ranking the
+// backend may run for it (none when the cache holds no key of its family). Note [Nearest key].
+template <typename Traits, typename Chosen>
+std::shared_ptr<const Ranking<Traits>> Runtime::lend(PerfCache<Traits>& cache, const ConvolutionKey& key,
+                                                     Chosen& backend) {
+  const auto [neighbour, neighbours] = cache.nearest(key);
+  auto lent = std::make_shared<const Ranking<Traits>>(neighbours ? backend.borrow(*neighbours) : Ranking<Traits>());
+  cache.lend(key, lent);
+  ++lent_;
+  if (logs(LogLevel::debug)) {
+    log(LogLevel::debug,
+        neighbours ? detail::concat("lent: ", lent->size(), " of ", neighbours->size(), " ", Chosen::kind, "s of ",
+                                    neighbour, " to ", key)
+                   : detail::concat("lent: nothing (no key of its family is cached) to ", key));
+  }
+  return lent;
 }
 
 template <Direction D>

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -502,4 +503,71 @@ TEST_CASE("layout_name names the layout that the strides describe", "[key]") {
   CHECK(layout_name(make_tensor_key(kFloat, {2, 1, 4, 5}, Layout::nhwc)) == "NCHW");         // ambiguous
   CHECK(layout_name(make_filter_key(kFloat, {8, 3, 3, 3}, Layout::nchw)) == "NCHW");
   CHECK(layout_name(make_filter_key(kFloat, {8, 3, 3, 3, 3}, Layout::nhwc)) == "NDHWC");
+}
+
+// --- Families: Note [Nearest key] -----------------------------------------------------------------------------
+
+TEST_CASE("a key's family is the same convolution at another batch or spatial size, and nothing else", "[key]") {
+  Conv2d c;
+  c.padding = 1;
+  const ConvolutionKey key = key_of(c);
+  CHECK(same_family(key, key));
+  const auto variant = [&](auto change) {
+    Conv2d other = c;
+    change(other);
+    return key_of(other);
+  };
+  SECTION("batch and spatial sizes may differ") {
+    CHECK(same_family(key, variant([](Conv2d& o) { o.batch = 64; })));
+    CHECK(same_family(key, variant([](Conv2d& o) { o.size = 32; })));
+    CHECK(same_family(variant([](Conv2d& o) { o.batch = 1; o.size = 9; }), key));
+    // Another aspect ratio: H and W apart.
+    const ConvolutionKey rectangle = make_convolution_key(
+        c.direction, make_tensor_key(kFloat, {c.batch, c.in_channels, 12, 20}, c.layout, "input"), weight_key(c),
+        make_tensor_key(kFloat, {c.batch, c.out_channels, 12, 20}, c.layout, "output"), convolution_key(c));
+    CHECK(same_family(key, rectangle));
+  }
+  SECTION("anything else may not") {
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.direction = Direction::backward_filter; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.data_type = CUDNN_DATA_HALF; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.layout = Layout::nhwc; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.in_channels = 8; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.out_channels = 16; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.groups = 4; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.kernel = 1; o.padding = 0; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.padding = 2; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.stride = 2; })));
+    CHECK_FALSE(same_family(key, variant([](Conv2d& o) { o.math_type = CUDNN_TENSOR_OP_MATH; })));
+  }
+  SECTION("a strided tensor has no family, not even its packed twin") {
+    ConvolutionKey strided = key;
+    // (2, 4, 7, 7) with padded rows: the strides were tuned too.
+    strided.input = make_tensor_key(kFloat, {2, 4, 7, 7}, {256, 64, 8, 1}, "input");
+    CHECK_FALSE(same_family(key, strided));
+    CHECK_FALSE(same_family(strided, key));
+  }
+}
+
+TEST_CASE("family_distance is the log ratio of output pixels, ties going to the same batch, then the smaller key",
+          "[key]") {
+  Conv2d c;
+  c.padding = 1;  // the output is as large as the input
+  const auto at = [&](std::int64_t batch, std::int64_t size) {
+    Conv2d other = c;
+    other.batch = batch;
+    other.size = size;
+    return key_of(other);
+  };
+  const ConvolutionKey key = at(4, 8);  // 256 output pixels
+  CHECK(family_distance(key, key) == 0.0);
+  CHECK(family_distance(key, at(8, 8)) == Approx(std::log(2.0)));
+  CHECK(family_distance(at(8, 8), key) == Approx(std::log(2.0)));
+  CHECK(family_distance(key, at(1, 16)) == Approx(0.0).margin(1e-12));  // 256 pixels too
+  CHECK(nearer(key, at(1, 16), at(8, 8)));  // nearer by pixels, though of another batch
+  CHECK_FALSE(nearer(key, at(8, 8), at(1, 16)));
+  // at(4, 16), at(16, 8) and at(1, 8) are all 4x away: the same batch first, then key order (batch 1 first).
+  CHECK(nearer(key, at(4, 16), at(16, 8)));
+  CHECK(nearer(key, at(4, 16), at(1, 8)));
+  CHECK(nearer(key, at(1, 8), at(16, 8)));
+  CHECK_FALSE(nearer(key, at(16, 8), at(1, 8)));
 }

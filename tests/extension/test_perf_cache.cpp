@@ -315,6 +315,56 @@ TEST_CASE("PerfCache holds the merge of everything 8 threads insert concurrently
   }
 }
 
+TEST_CASE("PerfCache nearest finds the nearest key of the family it holds, never the key itself", "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  const auto at = [](std::int64_t batch, std::int64_t channels = 8) {
+    return conv_key(Direction::forward, batch, channels);  // 16x16 outputs: pixels follow the batch
+  };
+  CHECK(cache.nearest(at(2)).second == nullptr);  // an empty cache
+  cache.insert(at(1), FwdRanking::of({ok(1, 1.0f)}));
+  cache.insert(at(8), FwdRanking::of({ok(8, 1.0f)}));
+  cache.insert(at(3, 16), FwdRanking::of({ok(3, 1.0f)}));  // other channels: another family
+  const auto nearest_algorithm = [&](const ConvolutionKey& key) {
+    const auto [neighbour, ranking] = cache.nearest(key);
+    REQUIRE(ranking != nullptr);
+    CHECK(cache.find(neighbour) == ranking);
+    return static_cast<int>(ranking->front().algorithm);
+  };
+  CHECK(nearest_algorithm(at(2)) == 1);   // 2x from batch 1, 4x from batch 8
+  CHECK(nearest_algorithm(at(4)) == 8);   // 2x from batch 8, 4x from batch 1
+  CHECK(nearest_algorithm(at(1)) == 8);   // a key held: its nearest other key
+  CHECK(nearest_algorithm(at(2, 16)) == 3);
+  CHECK(cache.nearest(at(2, 4)).second == nullptr);  // no key of its family
+  CHECK(cache.nearest(conv_key(Direction::forward, 2, 8, Layout::nhwc)).second == nullptr);
+}
+
+TEST_CASE("PerfCache lends a ranking to a key it does not hold until the key is inserted, erased or cleared",
+          "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  const ConvolutionKey key = conv_key(Direction::forward, 2), held = conv_key(Direction::forward, 1);
+  cache.insert(held, FwdRanking::of({ok(1, 1.0f)}));
+  CHECK(cache.lent(key) == nullptr);
+  const auto lent = std::make_shared<const FwdRanking>(FwdRanking::of({ok(1, 1.0f)}));
+  cache.lend(key, lent);
+  CHECK(cache.lent(key) == lent);
+  CHECK(cache.find(key) == nullptr);  // lent is not held: not found, listed nor counted
+  CHECK(cache.size() == 1);
+  CHECK(cache.entries().size() == 1);
+  const auto nothing = std::make_shared<const FwdRanking>();  // a key lent nothing runs the heuristics
+  cache.lend(held, nothing);  // a held key is never lent anything
+  CHECK(cache.lent(held) == nullptr);
+  cache.insert(key, FwdRanking::of({ok(2, 0.5f)}));  // tuned: its own ranking from now on
+  CHECK(cache.lent(key) == nullptr);
+  const ConvolutionKey other = conv_key(Direction::forward, 4);
+  cache.lend(other, nothing);
+  CHECK(cache.lent(other) == nothing);
+  cache.erase(other);
+  CHECK(cache.lent(other) == nullptr);
+  cache.lend(other, nothing);
+  cache.clear();
+  CHECK(cache.lent(other) == nullptr);
+}
+
 // --- CacheStore ----------------------------------------------------------------------------------------------
 
 TEST_CASE("DirectionCaches::get returns the cache of the direction", "[perf_cache]") {

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends.h"
 #include "cache_fixtures.h"
 #include "cudnn_cache/runtime.h"
 #include "plan_cache.h"
@@ -138,4 +139,21 @@ TEST_CASE("the runtime sets the plan cache's limit and counts its evictions", "[
   CHECK(runtime.stats().plan_evictions == 0);  // no graph-API call ran in this process
   runtime.reset_stats();
   CHECK(runtime.stats().plan_evictions == 0);
+}
+
+TEST_CASE("a graph key borrows a neighbour's engine configs in order, never one cuDNN compiles at run time",
+          "[plan_cache][nearest]") {
+  Plans plans;  // Note [Nearest key]: a borrowed config is built for the key when a call runs it, not here
+  const ConvolutionKey key = testing::conv_key(Direction::forward, 2);
+  GraphBackend<Direction::forward> backend(nullptr, 0, key, plans.cache, plans.stored);
+  EngineCandidate compiled = testing::engine(7, 0.5f);
+  compiled.behavior_notes = EngineCandidate::kRuntimeCompiled;
+  const auto neighbour =
+      Ranking<GraphForwardTraits>::of({testing::engine(5, 2.0f), compiled, testing::engine(3, 1.0f, {{2, 16}})});
+  const Ranking<GraphForwardTraits> lent = backend.borrow(neighbour);
+  REQUIRE(lent.size() == 2);
+  CHECK(lent[0] == neighbour[1]);  // engine 3, as the neighbour measured it
+  CHECK(lent[1].engine_id == 5);
+  CHECK(backend.borrow(Ranking<GraphForwardTraits>::of({compiled})).empty());
+  CHECK(plans.cache.size() == 0);
 }

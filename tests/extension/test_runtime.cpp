@@ -15,10 +15,12 @@ using namespace cudnn_cache;
 using Catch::Matchers::Contains;
 
 TEST_CASE("miss policies and backends round-trip through their names, and others are refused", "[runtime]") {
-  for (MissPolicy policy : {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record}) {
+  for (MissPolicy policy :
+       {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record, MissPolicy::nearest}) {
     CHECK(miss_policy_from_string(to_string(policy)) == policy);
   }
-  CHECK_THROWS_WITH(miss_policy_from_string("retry"), Contains("use 'tune', 'heuristic', 'error' or 'record'"));
+  CHECK_THROWS_WITH(miss_policy_from_string("retry"),
+                    Contains("use 'tune', 'heuristic', 'error', 'record' or 'nearest'"));
   for (Backend backend : {Backend::graph, Backend::legacy}) CHECK(backend_from_string(to_string(backend)) == backend);
   CHECK_THROWS_WITH(backend_from_string("v7"), Contains("use 'graph' or 'legacy'"));
   CHECK(graph_backend_available());  // cuDNN 9

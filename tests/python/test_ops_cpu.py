@@ -583,7 +583,7 @@ def test_functional_rejects_bad_padding_strings():
 
 
 def test_invalid_miss_policy_is_rejected_and_the_policy_kept(cache_state):
-    with pytest.raises(RuntimeError, match=r"unknown miss policy 'bogus'.*'tune', 'heuristic', 'error' or 'record'"):
+    with pytest.raises(RuntimeError, match=r"unknown miss policy 'bogus'.*'tune', 'heuristic', 'error', 'record' or 'nearest'"):
         cudnn_cache.set_miss_policy("bogus")
     assert cudnn_cache.miss_policy() == "tune"
 
@@ -600,7 +600,7 @@ def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
                           "plans_deserialized", "plan_rebuilds", "plan_evictions", "capture_misses", "tune_waits",
-                          "entries"}
+                          "lent", "entries"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0
 
@@ -671,7 +671,7 @@ def test_waiting_for_a_prepare_never_started_says_so():
 
 def test_miss_policy_round_trip(cache_state):
     assert cudnn_cache.miss_policy() == "tune"
-    for policy in ("heuristic", "error", "tune"):
+    for policy in ("heuristic", "error", "record", "nearest", "tune"):
         cudnn_cache.set_miss_policy(policy)
         assert cudnn_cache.miss_policy() == policy
 
@@ -698,8 +698,12 @@ def test_plan_cache_limit_round_trip_and_a_negative_one_is_refused(cache_state):
     ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", "67108864", 67108864),
     ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", "", None),
     ("CUDNN_CACHE_WORKSPACE_LIMIT", "workspace_limit", None, None),
+    ("CUDNN_CACHE_MISS_POLICY", "miss_policy", "nearest", "nearest"),
+    ("CUDNN_CACHE_MISS_POLICY", "miss_policy", "record", "record"),
+    ("CUDNN_CACHE_MISS_POLICY", "miss_policy", "", "tune"),
+    ("CUDNN_CACHE_MISS_POLICY", "miss_policy", None, "tune"),
 ])
-def test_a_limit_variable_sets_its_limit_at_start(child_env, variable, read, setting, limit):
+def test_a_variable_read_at_start_sets_its_setting(child_env, variable, read, setting, limit):
     env = dict(child_env)
     env.pop(variable, None)
     if setting is not None:

@@ -4,6 +4,7 @@ determinism; warm start in a fresh process; the miss policies; query, fill and p
 model that trains. Every test is marked gpu (skipped without CUDA)."""
 
 import copy
+import json
 import subprocess
 import sys
 
@@ -274,6 +275,70 @@ def test_tune_pending_tunes_this_gpus_pending_keys_within_its_time(cache_state):
     assert distributed.recorded_misses() == [] and cudnn_cache.stats()["tunes"] == 3
 
 
+
+def train_nearest_case(batch, size, channels=8, seed=0):
+    """Forward and backward of a 3x3 convolution (channels -> 16) through the cache, checked against native."""
+    x, w = randn(batch, channels, size, size, seed=seed), randn(16, channels, 3, 3, seed=seed + 1)
+    ours, native = run_both(lambda x, w: ops.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1),
+                            lambda x, w: F.conv2d(x, w, padding=1), [x, w], lambda x: x)
+    assert_close_scaled(ours[0], native[0], TOLERANCE[torch.float32], "output")
+    for what, a, b in zip(("grad input", "grad weight"), ours[1], native[1]):
+        assert_close_scaled(a, b, TOLERANCE[torch.float32], what)
+
+
+@pytest.mark.parametrize("backend", ["graph", "legacy"])
+def test_nearest_runs_a_neighbours_choice_untimed_and_leaves_the_key_pending(backend):
+    """Note [Nearest key]: a new batch and spatial size of a tuned convolution runs the tuned size's choice
+    (graph: its plan is built for the new key), times nothing, counts no fallback, is pending until
+    tune_pending() tunes it, and asks for its neighbour once; a convolution with no tuned size runs heuristics."""
+    cudnn_cache.set_backend(backend)
+    train_nearest_case(4, 16)
+    assert cudnn_cache.stats()["tunes"] == 3 and cudnn_cache.size() == 3
+    cudnn_cache.set_miss_policy("nearest")
+    cudnn_cache.reset_stats()
+    train_nearest_case(8, 12, seed=2)  # another batch and size
+    after = cudnn_cache.stats()
+    assert after["tunes"] == 0 and after["fallbacks"] == 0 and after["lent"] == 3 and after["misses"] == 3
+    assert cudnn_cache.size() == 3 and len(distributed.recorded_misses()) == 3
+    if backend == "graph":  # heuristics run through the legacy API: a plan built is a lent config's
+        assert after["plans_built"] > 0
+    train_nearest_case(8, 12, seed=4)  # lent once: the second pass asks for nothing and builds nothing
+    again = cudnn_cache.stats()
+    assert again["lent"] == 3 and again["misses"] == 6 and again["plans_built"] == after["plans_built"]
+    train_nearest_case(2, 12, channels=4)  # no tuned size of this convolution: heuristics, lent nothing
+    assert cudnn_cache.stats()["lent"] == 6 and cudnn_cache.stats()["fallbacks"] == 0
+    assert len(distributed.recorded_misses()) == 6
+    assert cudnn_cache.tune_pending() == 6 and cudnn_cache.size() == 9
+    cudnn_cache.reset_stats()
+    train_nearest_case(8, 12, seed=6)  # tuned now: hits
+    assert cudnn_cache.stats()["hits"] == 3 and cudnn_cache.stats()["misses"] == 0
+
+
+def test_nearest_runs_heuristics_when_no_borrowed_config_builds_for_the_key(tmp_path):
+    """The neighbour's configs are edited to an engine no cuDNN has: the new key's call falls to the
+    heuristics, correct and without a fallback counted (nothing was cached for it)."""
+    train_nearest_case(4, 16)
+    path = tmp_path / "tuned.cache"
+    cudnn_cache.save(str(path))
+    document = json.loads(ops.file_export_json(str(path)))
+    edited = 0
+    for section in document["sections"]:
+        for name, entries in section.items():
+            if name.startswith("graph_") and isinstance(entries, list):
+                for entry in entries:
+                    for config in entry["ranking"]["candidates"]:
+                        config["engine_id"] = (1 << 20) + edited  # no engine has this index
+                        edited += 1
+    assert edited >= 3
+    (tmp_path / "edited.json").write_text(json.dumps(document))
+    ops.file_import_json(str(tmp_path / "edited.json"), str(path))
+    cudnn_cache.clear()
+    cudnn_cache.load(str(path))
+    cudnn_cache.set_miss_policy("nearest")
+    cudnn_cache.reset_stats()
+    train_nearest_case(8, 12, seed=2)
+    stats = cudnn_cache.stats()
+    assert stats["lent"] == 3 and stats["fallbacks"] == 0 and stats["tunes"] == 0 and stats["plans_built"] == 0
 
 def test_error_policy_names_the_missing_key():
     cudnn_cache.set_miss_policy("error")

@@ -199,6 +199,7 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("plan_evictions", static_cast<std::int64_t>(s.plan_evictions));
   result.insert("capture_misses", static_cast<std::int64_t>(s.capture_misses));
   result.insert("tune_waits", static_cast<std::int64_t>(s.tune_waits));
+  result.insert("lent", static_cast<std::int64_t>(s.lent));
   result.insert("entries", size());
   return result;
 }

@@ -27,6 +27,7 @@ _intercept_at_import = _environment.intercept()
 _log_level_at_import = _environment.log_level()
 _environment.plan_cache_limit()  # read by the C++ runtime when it starts, as is the next one
 _environment.workspace_limit()
+_environment.miss_policy()
 load_library()
 
 from . import functional  # noqa: E402  (needs the ops registered)
@@ -121,8 +122,11 @@ def persistent(path: str, prepare_plans: bool = True) -> Iterator[None]:
 def set_miss_policy(policy: str) -> None:
     """What a convolution does when its key is not cached: 'tune' (default: time all algorithms now, store the
     ranking), 'heuristic' (cuDNN's heuristic choice, not stored), 'error' (raise, naming the key) or 'record'
-    (like 'heuristic', and remember the key: distributed.sync() then tunes what the ranks recorded, split
-    between them; distributed.recorded_misses() lists them)."""
+    (like 'heuristic', and remember the key as pending: distributed.sync() then tunes what the ranks recorded,
+    split between them; distributed.recorded_misses() lists them) or 'nearest' (run the choice stored for the
+    same convolution at the nearest batch and spatial size, if it runs here and needs no run-time compilation,
+    else the heuristic one; remember the key as pending, like 'record'; nothing is timed). The
+    CUDNN_CACHE_MISS_POLICY environment variable sets it when the library loads."""
     _ops.set_miss_policy(policy)
 
 
@@ -259,7 +263,8 @@ def stats() -> Dict[str, int]:
     plans_built and plan_build_us (graph-API execution plans built, and the time it took); plans_deserialized
     and plan_rebuilds (stored plans restored, and those rebuilt instead); plan_evictions (plans evicted by
     the plan cache's limit); capture_misses; tune_waits (misses that waited for another thread's search of
-    the same key instead of searching it again); and entries now cached."""
+    the same key instead of searching it again); lent (keys the 'nearest' miss policy lent a neighbour's
+    choice); and entries now cached."""
     return dict(_ops.stats())
 
 

@@ -8,6 +8,8 @@
                            10000; 0: no bound); read by the C++ runtime, checked here
     CUDNN_CACHE_WORKSPACE_LIMIT  the most bytes of workspace a convolution may use: a non-negative integer
                            (default: no limit); read by the C++ runtime, checked here
+    CUDNN_CACHE_MISS_POLICY  what a convolution whose key is not cached does: tune (the default), heuristic,
+                           error, record or nearest; read by the C++ runtime, checked here
     CUDNN_CACHE_LIBRARY    the ops library to load instead of the package's own (_library.py)
     CUDNN_CACHE_BUILD_DIR  where a source checkout's ops library is, when the package has none (default build)
 
@@ -28,9 +30,11 @@ LOG = "CUDNN_CACHE_LOG"
 LIBRARY = "CUDNN_CACHE_LIBRARY"
 PLAN_CACHE_LIMIT = "CUDNN_CACHE_PLAN_CACHE_LIMIT"
 WORKSPACE_LIMIT = "CUDNN_CACHE_WORKSPACE_LIMIT"
+MISS_POLICY = "CUDNN_CACHE_MISS_POLICY"
 
 _TRUE, _FALSE = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
 LOG_LEVELS = ("off", "info", "debug")
+MISS_POLICIES = ("tune", "heuristic", "error", "record", "nearest")
 
 
 def refuse(variable: str, value: str, problem: str) -> NoReturn:
@@ -79,3 +83,14 @@ def plan_cache_limit() -> Optional[int]:
 def workspace_limit() -> Optional[int]:
     """CUDNN_CACHE_WORKSPACE_LIMIT: the most bytes of workspace a convolution may use, or None when unset."""
     return _count(WORKSPACE_LIMIT, "the most bytes of workspace a convolution may use (unset: no limit)")
+
+
+def miss_policy() -> Optional[str]:
+    """CUDNN_CACHE_MISS_POLICY: None when unset or empty, else one of MISS_POLICIES."""
+    value = os.environ.get(MISS_POLICY, "")
+    if value == "":
+        return None
+    if value not in MISS_POLICIES:
+        refuse(MISS_POLICY, value, "use tune (time a missed key now, the default), heuristic, error, record or "
+                                   "nearest (a neighbour's choice now, the key tuned later)")
+    return value

@@ -252,6 +252,29 @@ ConvolutionDescriptorKey make_convolution_descriptor_key(IntSpan padding, IntSpa
 ConvolutionKey make_convolution_key(Direction direction, const TensorKey& input, const FilterKey& weight,
                                     const TensorKey& output, const ConvolutionDescriptorKey& convolution);
 
+// Note [Nearest key]
+// ~~~~~~~~~~~~~~~~~~
+// Under the nearest miss policy (Note [Running a cached convolution]) a key the cache does not hold runs the
+// choice stored for the nearest key of its family. Two keys are of one family when they are one problem at
+// another batch or spatial size: the same direction, element and compute types, math type, channels, filter
+// (sizes and format), padding, stride, dilation, groups and mode, and tensors packed in the same layout (a
+// strided tensor has no family: its strides are part of what was tuned). Only the batch and spatial sizes of
+// the input and output may differ.
+// Within a family, cuDNN's convolution engines are implicit GEMMs whose one varying extent is the output's
+// pixel count N*P*Q (forward: M = N*P*Q; backward data: the same over the input; backward filter: the
+// reduction K = N*P*Q), and their tiles, split-K and kernel choices follow that extent. So the distance of two
+// keys is |ln(pixels_a / pixels_b)|, the ratio of those extents whichever is larger; on a tie the key with the
+// same batch size is nearer, then the smaller key (operator<), so the choice is the same in every process.
+
+// Whether b is a at another batch or spatial size (Note [Nearest key]); a key is of its own family.
+bool same_family(const ConvolutionKey& a, const ConvolutionKey& b);
+
+// The distance of two keys of one family: |ln| of the ratio of their outputs' N * spatial volume.
+double family_distance(const ConvolutionKey& a, const ConvolutionKey& b);
+
+// Whether `candidate` is nearer to `key` than `other`, both of key's family, by Note [Nearest key].
+bool nearer(const ConvolutionKey& key, const ConvolutionKey& candidate, const ConvolutionKey& other);
+
 // Checks the invariants every key made by this project holds (ranks, positive sizes, known enums, zeroed
 // unused slots). Returns an empty string when valid, otherwise what is wrong. Used on keys read from files.
 std::string check_key(const ConvolutionKey& key);

@@ -310,8 +310,8 @@ class PerfCache {
     return found == rankings_.end() ? nullptr : found->second;
   }
 
-  // Stores the ranking under the key, merged with what the key already holds.
-  // Throws Error if the key belongs to another direction or the ranking is empty.
+  // Stores the ranking under the key, merged with what the key already holds; what the key borrowed is
+  // forgotten. Throws Error if the key belongs to another direction or the ranking is empty.
   void insert(const ConvolutionKey& key, Ranking<Traits> ranking) {
     CUDNN_CACHE_REQUIRE(key.direction == static_cast<std::int32_t>(Traits::direction), "the ",
                         to_string(Traits::direction), " cache cannot hold a key of direction ",
@@ -320,6 +320,32 @@ class PerfCache {
     std::unique_lock lock(mutex_);
     Shared& slot = rankings_[key];
     slot = std::make_shared<const Ranking<Traits>>(slot ? merge(*slot, ranking) : std::move(ranking));
+    lent_.erase(key);
+  }
+
+  // The key nearest to `key` among those of its family the cache holds, and its ranking; a null ranking when
+  // it holds none (Note [Nearest key]). Never `key` itself: call it on a miss.
+  std::pair<ConvolutionKey, Shared> nearest(const ConvolutionKey& key) const {
+    std::pair<ConvolutionKey, Shared> found{};
+    std::shared_lock lock(mutex_);
+    for (const auto& [held, ranking] : rankings_) {
+      if (held == key || !same_family(key, held)) continue;
+      if (!found.second || nearer(key, held, found.first)) found = {held, ranking};
+    }
+    return found;
+  }
+
+  // What the nearest miss policy lent a key the cache does not hold: the candidates it runs until the key is
+  // tuned (possibly none: it runs cuDNN's heuristics), or null if nothing was lent to it yet. Lent rankings are
+  // neither listed, counted nor saved; a key's is forgotten when the key is inserted, erased or cleared.
+  Shared lent(const ConvolutionKey& key) const {
+    std::shared_lock lock(mutex_);
+    const auto found = lent_.find(key);
+    return found == lent_.end() ? nullptr : found->second;
+  }
+  void lend(const ConvolutionKey& key, Shared ranking) {
+    std::unique_lock lock(mutex_);
+    if (rankings_.count(key) == 0) lent_.emplace(key, std::move(ranking));
   }
 
   // Makes room for `more` keys at once, so that a load does not rehash as it inserts.
@@ -331,6 +357,7 @@ class PerfCache {
   // Removes the key; returns whether it was there.
   bool erase(const ConvolutionKey& key) {
     std::unique_lock lock(mutex_);
+    lent_.erase(key);
     return rankings_.erase(key) > 0;
   }
 
@@ -342,6 +369,7 @@ class PerfCache {
   void clear() {
     std::unique_lock lock(mutex_);
     rankings_.clear();
+    lent_.clear();
   }
 
   // A snapshot of every entry, sorted by key, so listings and files are reproducible.
@@ -359,6 +387,7 @@ class PerfCache {
  private:
   mutable std::shared_mutex mutex_;
   std::unordered_map<ConvolutionKey, Shared, KeyHash> rankings_;
+  std::unordered_map<ConvolutionKey, Shared, KeyHash> lent_;  // keys rankings_ does not hold
 };
 
 }  // namespace cudnn_cache

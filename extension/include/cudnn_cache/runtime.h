@@ -16,6 +16,13 @@
 //     backend) as a recorded miss, so that it can be tuned later, elsewhere or by another rank
 //     (cudnn_cache.distributed.sync; Note [Sharing tuning between processes]). A key carries every size,
 //     stride, data type and convolution parameter, so it is enough to re-create the tensors to time it on.
+//   * nearest: run the choice stored for the nearest key of the same family (the same problem at another
+//     batch or spatial size, Note [Nearest key]) if it runs for this key, else cuDNN's heuristic order, and
+//     remember the key as pending, like record. Nothing is timed and nothing compiled at run time: a borrowed
+//     engine config cuDNN compiles at run time is passed over. What a key borrows is worked out on its first
+//     miss and kept (not saved) until the key is tuned (stats().lent counts the keys); a borrowed candidate
+//     that does not build or run for the key passes to the next, and to the heuristics, without a fallback
+//     being counted, since nothing was cached for the key.
 // A miss under the tune policy while the call's stream is capturing a CUDA graph is run as a record miss:
 // timing would synchronise the stream and end the capture, so cuDNN's heuristic choice is captured, the key is
 // recorded (stats().capture_misses counts it), and the next call of the key outside a capture tunes it. A
@@ -70,9 +77,9 @@
 namespace cudnn_cache {
 
 // What happens when a convolution's key is not in the cache; see Note [Running a cached convolution].
-enum class MissPolicy { tune, heuristic, error, record };
+enum class MissPolicy { tune, heuristic, error, record, nearest };
 
-// "tune", "heuristic", "error" or "record".
+// "tune", "heuristic", "error", "record" or "nearest".
 const char* to_string(MissPolicy policy);
 // The policy of that name; throws Error naming the valid names otherwise.
 MissPolicy miss_policy_from_string(const std::string& name);
@@ -121,6 +128,7 @@ struct Stats {
                                          // heuristics and recorded, tuned by the next call outside a capture
   std::uint64_t tune_waits = 0;  // misses that waited for another thread's search of their key instead of
                                  // searching it again (Note [One search per key])
+  std::uint64_t lent = 0;        // keys the nearest miss policy lent another key's choice (Note [Nearest key])
 };
 
 // What Runtime::prepare did.
@@ -319,11 +327,20 @@ class Runtime {
  private:
   static constexpr int kMaxDevices = 64;
 
-  // The cached ranking of the key, or what the miss policy makes of a miss (runtime.cpp).
+  // What a call of a key runs first: the ranking cached for it, or what the miss policy makes of a miss, which
+  // may be another key's, lent (runtime.cpp).
+  template <typename Traits>
+  struct Found {
+    std::shared_ptr<const Ranking<Traits>> ranking;  // null: cuDNN's heuristics
+    bool lent = false;                               // the ranking is a neighbour's (the nearest miss policy)
+  };
   template <typename Traits, typename Chosen>
-  std::shared_ptr<const Ranking<Traits>> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
+  Found<Traits> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
                                                 const ConvolutionKey& key, Chosen& backend,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
+  // What the nearest miss policy lends a missed key, lent to it (runtime.cpp).
+  template <typename Traits, typename Chosen>
+  std::shared_ptr<const Ranking<Traits>> lend(PerfCache<Traits>& cache, const ConvolutionKey& key, Chosen& backend);
   // The backend's search, counted in stats() and logged.
   template <typename Traits, typename Chosen>
   Ranking<Traits> search(Chosen& backend, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
@@ -339,7 +356,7 @@ class Runtime {
   std::atomic<LogLevel> log_level_{LogLevel::off};
   std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
-      tune_waits_{0};
+      tune_waits_{0}, lent_{0};
   std::atomic<bool> warned_{false};
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
