@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""Dynamic-shape benchmark (issue 17): training whose input shapes keep changing, each case in a fresh process.
+
+Two workloads, each an epoch of 25 steps over 24 distinct input shapes in a random order and a smaller last
+batch, every step forward and backward (loss = output.float().sum(), no optimizer step):
+
+    detection   torchvision ResNet-18 trunk (no pooling or classifier), bf16 channels_last, batch 8, (H, W) 24
+                distinct pairs of multiples of 32 in 480-800, the last batch 3
+    audio       a wav2vec2-style 1-D feature extractor (seven Conv1d of 512 channels, GroupNorm, GELU), bf16,
+                batch 8, 24 distinct lengths in 1-5 s of 16 kHz audio, the last batch 3
+
+Modes, each in its own process (PyTorch's convolutions are intercepted by cudnn_cache in the cache modes):
+
+    native_heuristic  torch.backends.cudnn.benchmark=False
+    native_benchmark  benchmark=True: PyTorch times engines on every new shape
+    cache_tune        an empty cache under the 'tune' miss policy: every new shape is tuned on its first step
+    cache_nearest     one shape (the middle one) tuned first, as a file from an earlier run would hold, then the
+                      'nearest' miss policy: every other shape runs that shape's choice where it runs (Note
+                      [Nearest key]) and is pending; epoch 2 runs the same; then tune_pending() (timed, as
+                      between epochs) and a third epoch runs every shape tuned; the file is saved
+    cache_next        a fresh process loads that file and prepares its plans (timed), miss policy 'nearest'
+
+Per mode: each epoch's wall time (synchronized at its end) and its slowest step; then, per shape, the GPU
+time of a steady step (torch.profiler: kernels and copies, median of 3 steps each profiled on its own) and
+its synchronized wall time (median of 3), in the last epoch's state. Targets (issue 17): the first epoch
+under 'nearest' <= 1.05x native_heuristic's and <= 0.3x native_benchmark's; the next process (cache_next)
+<= 1.00x native_benchmark's steady GPU time on every shape, and its first epoch without a tuning stall
+(<= 1.10x its second).
+
+Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
+
+    python3 scripts/bench_dynamic.py                         # both workloads, every mode: 3-5 minutes on an H200
+    python3 scripts/bench_dynamic.py --workloads audio --modes native_heuristic cache_nearest cache_next
+
+Writes --json (default docs/bench_dynamic.json: every raw per-case result and the targets) and prints the
+tables (also written next to the JSON as a .md file). Exit codes: 0 every case ran; 1 some case failed; 2 bad
+arguments or no GPU.
+"""
+
+import argparse
+import json
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
+
+from bench_cases import gpu_time_per_step, initialise_libraries, timed  # noqa: E402
+from bench_stats import median_interval  # noqa: E402
+
+MODES = ("native_heuristic", "native_benchmark", "cache_nearest", "cache_next", "cache_tune")  # in run order
+WORKLOADS = ("detection", "audio")
+BATCH, LAST_BATCH, SHAPES = 8, 3, 24
+PROFILED = 3  # steady steps per shape
+
+
+def shapes(workload: str) -> List[Tuple[int, tuple]]:
+    """An epoch: (batch, spatial size) per step, 24 distinct sizes in a random order (the same in every
+    process), then the smaller last batch at the first size."""
+    rng = random.Random(17)
+    if workload == "detection":
+        sides = range(480, 801, 32)
+        sizes = rng.sample([(h, w) for h in sides for w in sides], SHAPES)
+    else:
+        sizes = [(length,) for length in rng.sample(range(16000, 80001, 320), SHAPES)]
+    return [(BATCH, size) for size in sizes] + [(LAST_BATCH, sizes[0])]
+
+
+def middle(epoch: List[Tuple[int, tuple]]) -> Tuple[int, tuple]:
+    """The step whose input is the median size: what cache_nearest tunes first."""
+    full = sorted(epoch[:-1], key=lambda step: torch.Size(step[1]).numel())
+    return full[len(full) // 2]
+
+
+def build(workload: str, device: torch.device) -> Tuple[torch.nn.Module, Callable[[int, tuple], torch.Tensor]]:
+    """The model (bf16, training mode) and a maker of its input for (batch, spatial size)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    if workload == "detection":
+        import torchvision
+
+        trunk = torchvision.models.resnet18(weights=None)
+        model = nn.Sequential(*list(trunk.children())[:-2])  # up to layer4: the backbone a detector uses
+        memory_format = torch.channels_last
+        channels = 3
+    else:
+        layers, channels_in = [], 1
+        for kernel, stride in [(10, 5)] + [(3, 2)] * 4 + [(2, 2)] * 2:
+            layers += [nn.Conv1d(channels_in, 512, kernel, stride, bias=False), nn.GroupNorm(512, 512), nn.GELU()]
+            channels_in = 512
+        model = nn.Sequential(*layers)
+        memory_format = torch.contiguous_format
+        channels = 1
+    model = model.to(device=device, dtype=torch.bfloat16, memory_format=memory_format).train()
+
+    def make_input(batch: int, size: tuple) -> torch.Tensor:
+        x = torch.rand(batch, channels, *size, device=device, dtype=torch.bfloat16)
+        return x.contiguous(memory_format=memory_format).requires_grad_(True)
+
+    return model, make_input
+
+
+def run_case(workload: str, mode: str, cache_file: str) -> dict:
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = mode == "native_benchmark"
+    cache = None
+    if mode.startswith("cache_"):
+        import cudnn_cache as cache
+    initialise_libraries(device, cache)
+    model, make_input = build(workload, device)
+    epoch = shapes(workload)
+    inputs = {step: make_input(*step) for step in dict.fromkeys(epoch)}
+
+    def step_of(shape: Tuple[int, tuple]) -> Callable[[], None]:
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            model(inputs[shape]).float().sum().backward()
+        return step
+
+    def run_epoch() -> dict:
+        steps = [1e3 * timed(step_of(shape), device) for shape in epoch]
+        return {"total_s": sum(steps) / 1e3, "steps_ms": steps, "slowest_ms": max(steps)}
+
+    def steady() -> List[dict]:
+        rows = []
+        for shape in dict.fromkeys(epoch):
+            step = step_of(shape)
+            wall = statistics.median(1e3 * timed(step, device) for _ in range(PROFILED))
+            gpu, _ = gpu_time_per_step(step, device, PROFILED)
+            rows.append({"batch": shape[0], "size": list(shape[1]), "wall_ms": wall,
+                         "gpu_ms": statistics.median(gpu)})
+        return rows
+
+    result = {"workload": workload, "mode": mode, "shapes": len(set(epoch))}
+    if cache is not None:
+        cache.clear()
+        cache.reset_stats()
+        if mode == "cache_next":
+            started = time.perf_counter()
+            result["loaded_entries"] = cache.load(cache_file)
+            result["prepared_plans"] = cache.prepare()
+            result["load_prepare_s"] = time.perf_counter() - started
+        cache.intercept(True)
+        if mode == "cache_nearest":  # a file from an earlier run holds one size
+            cache.set_miss_policy("tune")
+            result["seed_tune_s"] = timed(step_of(middle(epoch)), device)
+        cache.set_miss_policy("tune" if mode == "cache_tune" else "nearest")
+        cache.reset_stats()
+    result["epoch1"] = run_epoch()
+    result["epoch2"] = run_epoch()
+    if cache is not None:
+        result["stats_epochs"] = cache.stats()
+    if mode == "cache_nearest":
+        result["steady_lent"] = steady()
+        started = time.perf_counter()
+        result["tuned_pending"] = cache.tune_pending()
+        result["tune_pending_s"] = time.perf_counter() - started
+        cache.save(cache_file)
+        result["epoch3"] = run_epoch()
+    result["steady"] = steady()
+    if cache is not None:
+        result["stats"] = cache.stats()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The driver and the report
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_subprocess(workload: str, mode: str, cache_file: pathlib.Path, timeout: float) -> dict:
+    command = [sys.executable, __file__, "--case", workload, mode, "--cache-file", str(cache_file)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"workload": workload, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
+    if done.returncode != 0:
+        return {"workload": workload, "mode": mode, "error": done.stderr[-3000:]}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - started
+    return result
+
+
+def ratios(case: dict, reference: dict, field: str, steady_key: str = "steady") -> Optional[List[float]]:
+    """Per shape, case's steady `field` over the reference's."""
+    if steady_key not in case or "steady" not in reference:
+        return None
+    return [a[field] / b[field] for a, b in zip(case[steady_key], reference["steady"])]
+
+
+def summarize(cases: Dict[str, dict]) -> Tuple[List[str], List[dict]]:
+    """The markdown rows of one workload and its targets."""
+    heuristic, benchmark = cases.get("native_heuristic", {}), cases.get("native_benchmark", {})
+    rows, targets = [], []
+
+    def spread(values: Optional[List[float]]) -> str:
+        if not values:
+            return "-"
+        figure = median_interval(values) if len(values) >= 6 else {"median": statistics.median(values)}
+        worst = max(values)
+        if "lo" in figure:
+            return f"{figure['median']:.3f} [{figure['lo']:.3f}, {figure['hi']:.3f}], worst {worst:.3f}"
+        return f"{figure['median']:.3f}, worst {worst:.3f}"
+
+    for mode in MODES:
+        case = cases.get(mode)
+        if case is None:
+            continue
+        if "error" in case:
+            last = (case["error"].strip().splitlines() or ["?"])[-1][:80]
+            rows.append(f"| {mode} | failed: {last} | | | | | |")
+            continue
+        epochs = " / ".join(f"{case[e]['total_s']:.2f}" for e in ("epoch1", "epoch2", "epoch3") if e in case)
+        slowest = f"{case['epoch1']['slowest_ms']:.0f}"
+        extra = []
+        for key, label in (("seed_tune_s", "seed tune"), ("tune_pending_s", "tune_pending"),
+                           ("load_prepare_s", "load+prepare")):
+            if key in case:
+                extra.append(f"{label} {case[key]:.2f} s")
+        if "stats_epochs" in case:
+            s = case["stats_epochs"]
+            extra.append(f"epochs: misses {s['misses']}, tunes {s['tunes']}, lent {s.get('lent', '-')}, "
+                         f"fallbacks {s['fallbacks']}")
+        rows.append(f"| {mode} | {epochs} | {slowest} | {spread(ratios(case, benchmark, 'gpu_ms'))} | "
+                    f"{spread(ratios(case, heuristic, 'gpu_ms'))} | {spread(ratios(case, benchmark, 'wall_ms'))} | "
+                    f"{'; '.join(extra)} |")
+        if mode == "cache_nearest" and "steady_lent" in case:
+            rows.append(f"| cache_nearest, lent (epoch 2) | | | "
+                        f"{spread(ratios(case, benchmark, 'gpu_ms', 'steady_lent'))} | "
+                        f"{spread(ratios(case, heuristic, 'gpu_ms', 'steady_lent'))} | "
+                        f"{spread(ratios(case, benchmark, 'wall_ms', 'steady_lent'))} | the borrowed choices |")
+
+    def target(name: str, value: Optional[float], limit: float) -> None:
+        targets.append({"target": name, "value": value, "limit": limit,
+                        "verdict": "-" if value is None else ("met" if value <= limit else "MISSED")})
+
+    nearest, following = cases.get("cache_nearest", {}), cases.get("cache_next", {})
+    first = lambda case: case["epoch1"]["total_s"] if "epoch1" in case else None  # noqa: E731
+    if first(nearest) and first(heuristic):
+        target("nearest epoch 1 / native_heuristic epoch 1", first(nearest) / first(heuristic), 1.05)
+    if first(nearest) and first(benchmark):
+        target("nearest epoch 1 / native_benchmark epoch 1", first(nearest) / first(benchmark), 0.3)
+    worst = ratios(following, benchmark, "gpu_ms")
+    target("next process, worst shape's GPU time / native_benchmark's", max(worst) if worst else None, 1.00)
+    if first(following):
+        target("next process, epoch 1 / epoch 2 (no tuning stall)",
+               first(following) / following["epoch2"]["total_s"], 1.10)
+    return rows, targets
+
+
+def report(results: List[dict], environment: dict) -> Tuple[str, Dict[str, List[dict]]]:
+    """The markdown tables, and the targets of each workload."""
+    lines = [f"Dynamic-shape bench, {environment['date']}, {environment['device']}, torch {environment['torch']}, "
+             f"cuDNN {environment['cudnn']}.", ""]
+    all_targets = {}
+    for workload in dict.fromkeys(r["workload"] for r in results):
+        rows, targets = summarize({r["mode"]: r for r in results if r["workload"] == workload})
+        all_targets[workload] = targets
+        lines += [f"### {workload}", "",
+                  "| mode | epoch 1 / 2 / 3 (s) | slowest step of epoch 1 (ms) | steady GPU time / native_benchmark, "
+                  "per shape: median [95%], worst | steady GPU time / native_heuristic | steady wall / "
+                  "native_benchmark | notes |", "|---|---|---|---|---|---|---|"] + rows + ["",
+                  "| target | value | limit | verdict |", "|---|---|---|---|"]
+        lines += [f"| {t['target']} | {'-' if t['value'] is None else format(t['value'], '.3f')} | {t['limit']} | "
+                  f"{t['verdict']} |" for t in targets]
+        lines.append("")
+    return "\n".join(lines), all_targets
+
+
+def write(results: List[dict], environment: dict, out: pathlib.Path) -> str:
+    """Writes the JSON and the tables (after every case, so that a run cut short keeps what it measured)."""
+    table, targets = report(results, environment)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"environment": environment, "targets": targets, "results": results}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table + "\n")
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--json", default=str(ROOT / "docs" / "bench_dynamic.json"))
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    parser.add_argument("--case", nargs=2, metavar=("WORKLOAD", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--cache-file", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.case:
+        print(json.dumps(run_case(*args.case, args.cache_file)))
+        return 0
+    if "cache_next" in args.modes and "cache_nearest" not in args.modes:
+        parser.error("cache_next loads the file cache_nearest saves: run both")
+    if not torch.cuda.is_available():
+        print("bench_dynamic.py: no CUDA GPU is visible", file=sys.stderr)
+        return 2
+    environment = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+                   "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    results, out = [], pathlib.Path(args.json)
+    with tempfile.TemporaryDirectory(prefix="bench_dynamic_") as folder:
+        for workload in args.workloads:
+            cache_file = pathlib.Path(folder) / f"{workload}.cache"
+            for mode in MODES:
+                if mode in args.modes:
+                    results.append(run_subprocess(workload, mode, cache_file, args.timeout))
+                    print(f"{workload} {mode}: " + ("failed" if "error" in results[-1] else
+                                                    f"epoch 1 {results[-1]['epoch1']['total_s']:.2f} s"),
+                          file=sys.stderr, flush=True)
+                    table = write(results, environment, out)
+    print(table)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
