@@ -470,7 +470,14 @@ template <typename Traits, typename Chosen>
 std::shared_ptr<const Ranking<Traits>> Runtime::lend(PerfCache<Traits>& cache, const ConvolutionKey& key,
                                                      Chosen& backend) {
   const auto [neighbour, neighbours] = cache.nearest(key);
-  auto lent = std::make_shared<const Ranking<Traits>>(neighbours ? backend.borrow(*neighbours) : Ranking<Traits>());
+  std::shared_ptr<const Ranking<Traits>> lent;
+  if (neighbours) {
+    Ranking<Traits> borrowed = backend.borrow(*neighbours);
+    // Shared rather than copied when the key may run the neighbour's ranking as it is.
+    lent = borrowed == *neighbours ? neighbours : std::make_shared<const Ranking<Traits>>(std::move(borrowed));
+  } else {
+    lent = std::make_shared<const Ranking<Traits>>();
+  }
   cache.lend(key, lent);
   ++lent_;
   if (logs(LogLevel::debug)) {

@@ -365,6 +365,19 @@ TEST_CASE("PerfCache lends a ranking to a key it does not hold until the key is 
   CHECK(cache.lent(other) == nullptr);
 }
 
+TEST_CASE("PerfCache keeps at most kMaxLent lent rankings, however many keys borrow", "[perf_cache]") {
+  PerfCache<Fwd> cache;
+  const auto nothing = std::make_shared<const FwdRanking>();
+  const auto key = [](std::size_t i) { return conv_key(Direction::forward, 1 + static_cast<std::int64_t>(i)); };
+  for (std::size_t i = 0; i < PerfCache<Fwd>::kMaxLent; ++i) cache.lend(key(i), nothing);
+  CHECK(cache.lent(key(0)) == nothing);
+  CHECK(cache.lent(key(PerfCache<Fwd>::kMaxLent - 1)) == nothing);
+  cache.lend(key(PerfCache<Fwd>::kMaxLent), nothing);  // one more: the others are forgotten
+  CHECK(cache.lent(key(PerfCache<Fwd>::kMaxLent)) == nothing);
+  CHECK(cache.lent(key(0)) == nullptr);
+  CHECK(cache.lent(key(PerfCache<Fwd>::kMaxLent - 1)) == nullptr);
+}
+
 // --- CacheStore ----------------------------------------------------------------------------------------------
 
 TEST_CASE("DirectionCaches::get returns the cache of the direction", "[perf_cache]") {

@@ -20,7 +20,8 @@
 //     batch or spatial size, Note [Nearest key]) if it runs for this key, else cuDNN's heuristic order, and
 //     remember the key as pending, like record. Nothing is timed and nothing compiled at run time: a borrowed
 //     engine config cuDNN compiles at run time is passed over. What a key borrows is worked out on its first
-//     miss and kept (not saved) until the key is tuned (stats().lent counts the keys); a borrowed candidate
+//     miss and kept (not saved; PerfCache::kMaxLent keys at most) until the key is tuned (stats().lent counts
+//     the keys); a borrowed candidate
 //     that does not build or run for the key passes to the next, and to the heuristics, without a fallback
 //     being counted, since nothing was cached for the key.
 // A miss under the tune policy while the call's stream is capturing a CUDA graph is run as a record miss:
