@@ -44,7 +44,7 @@ def test_the_targets_are_judged_from_the_cases():
         case("native_heuristic", 2.0, 1.9, [1.2] * shapes),
         case("native_benchmark", 20.0, 1.6, [1.0] * shapes),
         case("cache_nearest", 2.06, 1.9, [1.0] * shapes, steady_lent=[{"gpu_ms": 1.1, "wall_ms": 1.1}] * shapes,
-             epoch3={"total_s": 1.6}, tune_pending_s=12.0, stats_epochs=stats),
+             epoch3={"total_s": 1.6}, tune_pending_s=12.0, seed_s=2.5, stats_epochs=stats),
         case("cache_next", 1.7, 1.6, [1.0] * (shapes - 1) + [1.05], load_prepare_s=0.2),
     ]
     table, targets = bench_dynamic.report(results, {"date": "2026-12-01", "device": "GPU", "torch": "2.11",
@@ -53,9 +53,9 @@ def test_the_targets_are_judged_from_the_cases():
     assert verdicts["nearest epoch 1 / native_heuristic epoch 1"] == "met"  # 1.03
     assert verdicts["nearest epoch 1 / native_benchmark epoch 1"] == "met"  # 0.103
     assert verdicts["next process, worst shape's GPU time / native_benchmark's"] == "MISSED"  # 1.05
-    assert verdicts["next process, epoch 1 / epoch 2 (no tuning stall)"] == "met"
+    assert verdicts["next process, epoch 1 / native_heuristic epoch 1 (no tuning stall)"] == "met"
     assert "| cache_nearest | 2.06 / 1.90 / 1.60 |" in table
-    assert "lent 40" in table and "tune_pending 12.00 s" in table and "load+prepare 0.20 s" in table
+    assert "lent 40" in table and "seed step 2.50 s" in table and "tune_pending 12.00 s" in table and "load+prepare 0.20 s" in table
     assert "| cache_nearest, lent (epoch 2) | | | 1.100" in table
 
 
