@@ -266,8 +266,8 @@ ConvolutionKey make_convolution_key(Direction direction, const TensorKey& input,
 // keys is |ln(pixels_a / pixels_b)|, the ratio of those extents whichever is larger; on a tie the key with the
 // same batch size is nearer, then the smaller key (operator<), so the choice is the same in every process.
 // Measured (docs/PERFORMANCE.md, "sixth", H200): choices borrowed from one tuned size by keys of 0.29x to
-// 1.6x its pixels (a ResNet-18 trunk at 480-800, a 1-D stack at 1-5 s) ran every shape within 3.3% of that
-// shape's own tuning and faster than cuDNN's heuristics. Other distances were not compared.
+// 1.6x its pixels (a ResNet-18 trunk at 480-800, a 1-D stack at 1-5 s) ran every shape within 3.3% of native
+// benchmark mode's tuning of that shape and faster than cuDNN's heuristics. Other distances were not compared.
 
 // Whether b is a at another batch or spatial size (Note [Nearest key]); a key is of its own family.
 bool same_family(const ConvolutionKey& a, const ConvolutionKey& b);
