@@ -169,6 +169,21 @@ std::optional<std::uint64_t> count_variable(const char* variable, const char* wh
   return std::nullopt;
 }
 
+// The value of an environment variable that names a setting, parsed by `parse` (one of the *_from_string
+// functions), if it is set and names one; a name that is not one is reported on stderr, saying what `stays`,
+// and ignored (the Python package refuses it at import first).
+template <typename Parse>
+auto named_variable(const char* variable, Parse parse, const char* stays) -> std::optional<decltype(parse(""))> {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  try {
+    return parse(value);
+  } catch (const Error& e) {
+    std::cerr << "cudnn_cache: " << variable << ": " << e.what() << "; " << stays << '\n';
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 Runtime& Runtime::instance() {
@@ -180,12 +195,8 @@ Runtime::Runtime()
     : plans_(std::make_unique<PlanCache>(*this)),
       searching_(std::make_unique<InFlight>()),
       backend_(graph_backend_available() ? Backend::graph : Backend::legacy) {
-  if (const char* level = std::getenv("CUDNN_CACHE_LOG"); level != nullptr && *level != '\0') {
-    try {
-      log_level_ = log_level_from_string(level);
-    } catch (const Error& e) {
-      std::cerr << "cudnn_cache: CUDNN_CACHE_LOG: " << e.what() << "; logging stays off\n";
-    }
+  if (const auto level = named_variable("CUDNN_CACHE_LOG", log_level_from_string, "logging stays off")) {
+    log_level_ = *level;
   }
   if (const auto limit = count_variable("CUDNN_CACHE_PLAN_CACHE_LIMIT", "the most execution plans kept; 0: no bound")) {
     plans_->set_limit(*limit);
@@ -193,12 +204,9 @@ Runtime::Runtime()
   if (const auto limit = count_variable("CUDNN_CACHE_WORKSPACE_LIMIT", "the most bytes of workspace a call uses")) {
     workspace_limit_ = *limit;
   }
-  if (const char* policy = std::getenv("CUDNN_CACHE_MISS_POLICY"); policy != nullptr && *policy != '\0') {
-    try {
-      miss_policy_ = miss_policy_from_string(policy);
-    } catch (const Error& e) {
-      std::cerr << "cudnn_cache: CUDNN_CACHE_MISS_POLICY: " << e.what() << "; the miss policy stays 'tune'\n";
-    }
+  if (const auto policy =
+          named_variable("CUDNN_CACHE_MISS_POLICY", miss_policy_from_string, "the miss policy stays 'tune'")) {
+    miss_policy_ = *policy;
   }
 }
 

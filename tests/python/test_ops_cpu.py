@@ -715,6 +715,31 @@ def test_a_variable_read_at_start_sets_its_setting(child_env, variable, read, se
     assert result.stderr == ""
 
 
+def test_the_runtime_ignores_a_bad_variable_with_one_line_each_where_python_does_not_check_it(child_env):
+    """A LibTorch program loads the ops library without the Python package, which would refuse these first
+    (test_bad_input.py): the C++ runtime says what it ignores and keeps its defaults."""
+    from cudnn_cache import _library
+
+    env = dict(child_env, CUDNN_CACHE_LOG="verbose", CUDNN_CACHE_MISS_POLICY="closest",
+               CUDNN_CACHE_WORKSPACE_LIMIT="64MB", CUDNN_CACHE_PLAN_CACHE_LIMIT="-1")
+    script = (f"import torch; torch.ops.load_library({_library.library_path()!r}); ops = torch.ops.cudnn_cache; "
+              "print(ops.get_miss_policy(), ops.get_log_level(), ops.get_plan_cache_limit())")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["tune", "off", "10000"]
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("cudnn_cache: CUDNN_CACHE_LOG: ") and line.endswith("; logging stays off")
+               for line in lines), lines
+    assert any(line.startswith("cudnn_cache: CUDNN_CACHE_MISS_POLICY: unknown miss policy 'closest'") and
+               line.endswith("; the miss policy stays 'tune'") for line in lines), lines
+    assert any("CUDNN_CACHE_WORKSPACE_LIMIT: '64MB' is not a non-negative integer" in line for line in lines), lines
+    assert any("CUDNN_CACHE_PLAN_CACHE_LIMIT: '-1' is not a non-negative integer" in line for line in lines), lines
+    env.update(CUDNN_CACHE_MISS_POLICY="nearest", CUDNN_CACHE_LOG="info")
+    del env["CUDNN_CACHE_WORKSPACE_LIMIT"], env["CUDNN_CACHE_PLAN_CACHE_LIMIT"]
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["nearest", "info", "10000"], result.stderr
+
+
 def test_workspace_limit_round_trip_and_a_negative_one_is_refused(cache_state):
     assert cudnn_cache.workspace_limit() is None  # the default: no limit
     for limit in (0, 1, 64 << 20, 2**62, None):

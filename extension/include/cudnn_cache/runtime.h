@@ -21,9 +21,8 @@
 //     remember the key as pending, like record. Nothing is timed and nothing compiled at run time: a borrowed
 //     engine config cuDNN compiles at run time is passed over. What a key borrows is worked out on its first
 //     miss and kept (not saved; PerfCache::kMaxLent keys at most) until the key is tuned (stats().lent counts
-//     the keys); a borrowed candidate
-//     that does not build or run for the key passes to the next, and to the heuristics, without a fallback
-//     being counted, since nothing was cached for the key.
+//     the keys); a borrowed candidate that does not build or run for the key passes to the next, and to the
+//     heuristics, without a fallback being counted, since nothing was cached for the key.
 // A miss under the tune policy while the call's stream is capturing a CUDA graph is run as a record miss:
 // timing would synchronise the stream and end the capture, so cuDNN's heuristic choice is captured, the key is
 // recorded (stats().capture_misses counts it), and the next call of the key outside a capture tunes it. A
@@ -336,9 +335,8 @@ class Runtime {
     bool lent = false;                               // the ranking is a neighbour's (the nearest miss policy)
   };
   template <typename Traits, typename Chosen>
-  Found<Traits> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
-                                                const ConvolutionKey& key, Chosen& backend,
-                                                const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
+  Found<Traits> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache, const ConvolutionKey& key,
+                       Chosen& backend, const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
   // What the nearest miss policy lends a missed key, lent to it (runtime.cpp).
   template <typename Traits, typename Chosen>
   std::shared_ptr<const Ranking<Traits>> lend(PerfCache<Traits>& cache, const ConvolutionKey& key, Chosen& backend);
