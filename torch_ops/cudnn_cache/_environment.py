@@ -23,7 +23,7 @@ another matter: the variable is fine, the file is moved aside with a warning and
 """
 
 import os
-from typing import NoReturn, Optional
+from typing import NoReturn, Optional, Tuple
 
 INTERCEPT = "CUDNN_CACHE_INTERCEPT"
 LOG = "CUDNN_CACHE_LOG"
@@ -54,14 +54,21 @@ def intercept() -> bool:
                              "(only converted models and the cudnn_cache ops use the cache)")
 
 
-def log_level() -> Optional[str]:
-    """CUDNN_CACHE_LOG: None when unset or empty, else one of LOG_LEVELS."""
-    value = os.environ.get(LOG, "")
+def _one_of(variable: str, names: Tuple[str, ...], what: str) -> Optional[str]:
+    """A variable that names a setting: None when unset or empty, else one of `names`, as the C++ runtime reads
+    it; anything else is refused with `what` it takes."""
+    value = os.environ.get(variable, "")
     if value == "":
         return None
-    if value not in LOG_LEVELS:
-        refuse(LOG, value, "use off, info (loads, saves, prepare) or debug (also every hit, miss, tune and plan)")
+    if value not in names:
+        refuse(variable, value, what)
     return value
+
+
+def log_level() -> Optional[str]:
+    """CUDNN_CACHE_LOG: None when unset or empty, else one of LOG_LEVELS."""
+    return _one_of(LOG, LOG_LEVELS, "use off, info (loads, saves, prepare) or debug (also every hit, miss, tune "
+                                    "and plan)")
 
 
 def _count(variable: str, what: str) -> Optional[int]:
@@ -87,10 +94,5 @@ def workspace_limit() -> Optional[int]:
 
 def miss_policy() -> Optional[str]:
     """CUDNN_CACHE_MISS_POLICY: None when unset or empty, else one of MISS_POLICIES."""
-    value = os.environ.get(MISS_POLICY, "")
-    if value == "":
-        return None
-    if value not in MISS_POLICIES:
-        refuse(MISS_POLICY, value, "use tune (time a missed key now, the default), heuristic, error, record or "
-                                   "nearest (a neighbour's choice now, the key tuned later)")
-    return value
+    return _one_of(MISS_POLICY, MISS_POLICIES, "use tune (time a missed key now, the default), heuristic, error, "
+                                               "record or nearest (a neighbour's choice now, the key tuned later)")
