@@ -283,7 +283,8 @@ Stats Runtime::stats() const {
           plans_->plan_evictions.load(),
           capture_misses_.load(),
           tune_waits_.load(),
-          lent_.load()};
+          lent_.load(),
+          plans_->size()};
 }
 
 void Runtime::reset_stats() {

@@ -593,6 +593,7 @@ TEST_CASE("threads running more keys than the plan cache holds evict each other'
   runtime.set_plan_cache_limit(2);
   const Stats before = runtime.stats();
   check_threads_compute_what_one_thread_computes(runtime, keys, 12, 10);
+  CHECK(runtime.stats().plans <= 2);  // the plans in memory, within the limit
   runtime.set_plan_cache_limit(limit);
   const Stats after = runtime.stats();
   CHECK(after.plan_evictions > before.plan_evictions);

@@ -692,5 +692,13 @@ def test_a_plan_cache_smaller_than_the_model_evicts_and_trains_as_native():
     after = cudnn_cache.stats()
     keys = 11
     assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 2 * keys, after
-    assert after["plan_evictions"] >= before["plan_evictions"] + 2 * keys, after
-    assert after["plans_built"] >= before["plans_built"] + 2 * keys, after
+    # Which plans survive a sweep depends on the cache's order (Note [Plan cache]: a second chance, not a strict
+    # LRU), so each step builds at least the 11 - 3 plans that cannot all have stayed; at the limit, every
+    # plan built evicts one.
+    built = after["plans_built"] - before["plans_built"]
+    assert built >= 2 * (keys - 3), after
+    assert after["plan_evictions"] - before["plan_evictions"] == built, after
+    assert after["plans"] == 3, after  # the plans in memory, at the limit
+    cudnn_cache.set_plan_cache_limit(0)
+    ours(x).sum().backward()  # with no bound, every key's plan is built again and stays
+    assert cudnn_cache.stats()["plans"] >= keys

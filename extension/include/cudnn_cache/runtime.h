@@ -129,6 +129,8 @@ struct Stats {
   std::uint64_t tune_waits = 0;  // misses that waited for another thread's search of their key instead of
                                  // searching it again (Note [One search per key])
   std::uint64_t lent = 0;        // keys the nearest miss policy lent another key's choice (Note [Nearest key])
+  std::uint64_t plans = 0;       // entries in the plan cache now (plans and refusals; bounded by its limit; not
+                                 // a counter, so reset_stats leaves it)
 };
 
 // What Runtime::prepare did.
