@@ -78,3 +78,51 @@ def test_cache_next_needs_cache_nearest_and_no_gpu_exits_2(capsys):
     assert refused.value.code == 2 and "cache_next loads the file cache_nearest saves" in capsys.readouterr().err
     if not bench_dynamic.torch.cuda.is_available():
         assert bench_dynamic.main(["--modes", "native_heuristic"]) == 2
+
+
+def test_a_shape_is_shown_slower_only_when_every_profiled_step_is():
+    def steady(*samples):
+        return {"steady": [{"gpu_ms": min(s), "gpu_samples_ms": list(s)} for s in samples]}
+
+    benchmark = steady((1.0, 1.1, 1.2), (1.0, 1.0, 1.0))
+    assert bench_dynamic.shown_slower(steady((1.15, 1.3, 1.4), (1.01, 1.02, 1.03)), benchmark) == 1
+    assert bench_dynamic.shown_slower(steady((1.25, 1.3, 1.4), (1.01, 1.02, 1.03)), benchmark) == 2
+    assert bench_dynamic.shown_slower(steady((0.9, 1.3, 1.4), (1.0, 1.02, 1.03)), benchmark) == 0
+    assert bench_dynamic.shown_slower({"steady": [{"gpu_ms": 1.0}] * 2}, benchmark) is None  # an earlier run's
+
+
+def test_the_memory_sizes_are_1000_distinct_and_fixed():
+    sizes = bench_dynamic.memory_sizes()
+    assert sizes == bench_dynamic.memory_sizes() and len(set(sizes)) == bench_dynamic.MEMORY_SHAPES == 1000
+    assert all(64 <= side < 192 and side % 4 == 0 for size in sizes for side in size) and sizes != sorted(sizes)
+
+
+def memory_case(mode, resident, plans=None, limit=None):
+    samples = []
+    for i, mib in enumerate(resident, 1):
+        sample = {"shapes": 100 * i, "seconds": 3.0 * i, "resident_mib": mib, "reserved_mib": 40.0,
+                  "allocated_mib": 10.0}
+        if plans is not None:
+            sample.update(plans_in_memory=plans[i - 1], plan_evictions=5 * i, lent=9 * i, pending=9 * i)
+        samples.append(sample)
+    case = {"workload": "memory", "mode": mode, "shapes": 1000, "samples": samples}
+    if limit is not None:
+        case["plan_limit"] = limit
+    return case
+
+
+@pytest.mark.parametrize("cache_resident,cache_plans,verdicts", [
+    ([1000 + i for i in range(10)], [500, 900, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000], ["met", "met"]),
+    ([1000 + 9 * i for i in range(10)], [500, 900, 1001] + [1000] * 7, ["MISSED", "MISSED"]),
+])
+def test_the_memory_targets_compare_growth_with_native_and_plans_with_the_bound(cache_resident, cache_plans,
+                                                                                verdicts):
+    native = memory_case("native_heuristic", [900 + 5 * i for i in range(10)])
+    cache = memory_case("cache_nearest", cache_resident, cache_plans, limit=1000)
+    table, targets = bench_dynamic.report([native, cache], {"date": "2026-12-02", "device": "GPU",
+                                                           "torch": "2.11", "cudnn": 91900})
+    assert [t["verdict"] for t in targets["memory"]] == verdicts
+    growth = targets["memory"][1]
+    assert growth["value"] == pytest.approx((cache_resident[-1] - cache_resident[4]) - 25.0)
+    assert "### memory: 1000 distinct shapes" in table and "| cache_nearest | 30.0 |" in table
+    assert "evictions 50, lent 90, pending 90, limit 1000" in table
