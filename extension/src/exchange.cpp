@@ -1,9 +1,11 @@
 #include "cudnn_cache/exchange.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <type_traits>
 
+#include "cudnn_cache/error.h"
 #include "cudnn_cache/serialization.h"
 
 namespace cudnn_cache {
@@ -34,6 +36,24 @@ std::uint64_t digest(const Origin& origin, const ConvolutionKey& key, const Rank
   }
   const std::string text = std::move(bytes).str();
   return checksum(text.data(), text.size());
+}
+
+// The file's checksum over the portable archive of `values`, as 16 hex digits.
+template <typename... Values>
+std::string tag_of(const Values&... values) {
+  std::ostringstream bytes(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive archive(bytes);
+    archive(values...);
+  }
+  const std::string text = std::move(bytes).str();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(text.data(), text.size())));
+  return hex;
+}
+
+std::string entry_name(const Origin& origin, Backend backend, const ConvolutionKey& key) {
+  return origin_tag(origin) + ":" + tag_of(static_cast<std::int32_t>(backend), key);
 }
 
 }  // namespace
@@ -75,6 +95,54 @@ Checkpoint select(const Checkpoint& checkpoint, const std::unordered_set<std::ui
     if (chosen.size() > 0) result.sections.push_back(std::move(chosen));
   }
   return result;
+}
+
+std::string origin_tag(const Origin& origin) { return tag_of(origin); }
+
+std::vector<SingleEntry> split_entries(const Checkpoint& checkpoint) {
+  std::vector<SingleEntry> result;
+  for (const CheckpointSection& section : checkpoint.sections) {
+    for_each_cache([&](auto traits) {
+      using Traits = decltype(traits);
+      for (const auto& entry : section.entries<Traits>()) {
+        const ConvolutionKey& key = entry.first;
+        SingleEntry single{section.origin, entry_name(section.origin, backend_of<Traits>(), key), {}};
+        single.checkpoint.header = checkpoint.header;
+        CheckpointSection& alone = single.checkpoint.sections.emplace_back();
+        alone.origin = section.origin;
+        alone.entries<Traits>().push_back(entry);
+        if (backend_of<Traits>() == Backend::graph) {
+          if (const StoredPlan* plan = plan_of(section, key)) {
+            alone.plans.emplace_back(key, std::make_shared<const StoredPlan>(*plan));
+          }
+        }
+        result.push_back(std::move(single));
+      }
+    });
+  }
+  return result;
+}
+
+void check_single_entry(const Checkpoint& checkpoint, const std::string& name, const std::string& source) {
+  CUDNN_CACHE_REQUIRE(checkpoint.sections.size() == 1 && checkpoint.size() == 1 && checkpoint.pending() == 0, source,
+                      ": expected exactly one entry and no pending keys, found ", checkpoint.size(), " entries and ",
+                      checkpoint.pending(), " pending keys");
+  const CheckpointSection& section = checkpoint.sections.front();
+  std::string found;
+  const ConvolutionKey* key = nullptr;
+  bool graph = false;
+  for_each_cache([&](auto traits) {
+    using Traits = decltype(traits);
+    for (const auto& entry : section.entries<Traits>()) {
+      found = entry_name(section.origin, backend_of<Traits>(), entry.first);
+      key = &entry.first;
+      graph = backend_of<Traits>() == Backend::graph;
+    }
+  });
+  CUDNN_CACHE_REQUIRE(found == name, source, ": holds the entry named ", found, ", not ", name);
+  CUDNN_CACHE_REQUIRE(
+      section.plans.empty() || (graph && section.plans.size() == 1 && section.plans.front().first == *key), source,
+      ": holds a stored plan of another entry");
 }
 
 Checkpoint only_origin(const Checkpoint& checkpoint, const Origin& origin) {

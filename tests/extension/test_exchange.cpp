@@ -6,6 +6,7 @@
 
 #include "cache_fixtures.h"
 #include "cudnn_cache/exchange.h"
+#include "cudnn_cache/report.h"
 #include "cudnn_cache/synthetic.h"
 
 using namespace cudnn_cache;
@@ -18,6 +19,18 @@ namespace {
 const CudnnVersion kRunning{9, 19, 0};
 const Origin kFirst = Origin::of(DeviceIdentity{"GPU A", 9, 0, 132}, kRunning);
 const Origin kSecond = Origin::of(DeviceIdentity{"GPU B", 8, 0, 108}, kRunning);
+
+// Synthetic entries of both origins, and a graph-API backward-filter entry of the first with a stored plan.
+std::unique_ptr<CacheStore> store_with_a_plan(std::size_t first, std::size_t second, int seed,
+                                              const ConvolutionKey& key) {
+  auto store = std::make_unique<CacheStore>();
+  add_synthetic_entries(*store, kFirst, first, seed);
+  add_synthetic_entries(*store, kSecond, second, seed + 1);
+  store->caches(kFirst).graph_backward_filter.insert(key,
+                                                     Ranking<GraphBackwardFilterTraits>::of({engine(9, 0.25f)}));
+  store->caches(kFirst).plans.insert(key, StoredPlan{engine(9, 0.25f), 91900, {4, 5, 6}});
+  return store;
+}
 
 std::unordered_set<std::uint64_t> digests_of(const std::vector<EntryRecord>& records) {
   std::unordered_set<std::uint64_t> digests;
@@ -73,13 +86,8 @@ TEST_CASE("digests are equal for equal content and differ when the ranking or th
 
 TEST_CASE("select keeps exactly the chosen entries with their plans; merging selections rebuilds the whole",
           "[exchange]") {
-  CacheStore store;
-  add_synthetic_entries(store, kFirst, 60, 3);
-  add_synthetic_entries(store, kSecond, 20, 4);
-  const ConvolutionKey key = conv_key(Direction::backward_filter, 5);
-  store.caches(kFirst).graph_backward_filter.insert(key, Ranking<GraphBackwardFilterTraits>::of({engine(9, 0.25f)}));
-  store.caches(kFirst).plans.insert(key, StoredPlan{engine(9, 0.25f), 91900, {4, 5, 6}});
-  const Checkpoint whole = snapshot(store);
+  const std::unique_ptr<CacheStore> store = store_with_a_plan(60, 20, 3, conv_key(Direction::backward_filter, 5));
+  const Checkpoint whole = snapshot(*store);
   const std::vector<EntryRecord> records = inventory(whole);
 
   // Split the entries in two halves, as two ranks would send them, and merge both into a fresh store.
@@ -99,4 +107,48 @@ TEST_CASE("select keeps exactly the chosen entries with their plans; merging sel
   REQUIRE(mine.sections.size() == 1);
   CHECK(mine.sections[0].origin == kSecond);
   CHECK(mine.size() == 20);
+}
+
+// Note [Entries on a shared store].
+TEST_CASE("entries on their own carry stable names, pass the store's decoder and merge back into the whole",
+          "[exchange][remote]") {
+  const ConvolutionKey key = conv_key(Direction::backward_filter, 7);
+  const std::unique_ptr<CacheStore> store = store_with_a_plan(50, 10, 5, key);
+  store->caches(kFirst).pending.insert(true, conv_key(Direction::forward, 8));
+  const Checkpoint whole = snapshot(*store);
+  const std::vector<SingleEntry> entries = split_entries(whole);
+  REQUIRE(entries.size() == whole.size());
+
+  std::set<std::string> names;
+  std::vector<Checkpoint> decoded;
+  std::size_t plans = 0;
+  for (const SingleEntry& single : entries) {
+    names.insert(single.name);
+    CHECK(single.name.rfind(origin_tag(single.origin) + ":", 0) == 0);
+    CHECK(single.name.size() == 33);  // two tags of 16 hex digits
+    decoded.push_back(deserialize(serialize(single.checkpoint), single.name));
+    CHECK_NOTHROW(check_single_entry(decoded.back(), single.name, "entry"));
+    plans += decoded.back().sections.at(0).plans.size();
+  }
+  CHECK(names.size() == entries.size());  // one name per entry
+  CHECK(plans == 1);                      // the stored plan travels with its entry
+  CHECK(origin_tag(kFirst) != origin_tag(kSecond));
+  CHECK(split_entries(whole).front().name == entries.front().name);  // the same in every process
+  Checkpoint rejoined = merge(decoded).merged;
+  Checkpoint expected = whole;
+  for (CheckpointSection& section : expected.sections) section.pending_graph.clear();  // pending keys stay home
+  CHECK(difference(expected, rejoined) == "");
+
+  // The decoder refuses what is not the one entry of the name asked for.
+  CHECK_THROWS_WITH(check_single_entry(decoded.at(0), entries.at(1).name, "remote"),
+                    Catch::Contains("remote: holds the entry named " + entries.at(0).name));
+  CHECK_THROWS_WITH(check_single_entry(whole, entries.at(0).name, "remote"),
+                    Catch::Contains("expected exactly one entry and no pending keys, found 61 entries"));
+  CHECK_THROWS_WITH(check_single_entry(Checkpoint{}, entries.at(0).name, "remote"),
+                    Catch::Contains("found 0 entries"));
+  Checkpoint foreign_plan = decoded.at(0);
+  foreign_plan.sections.at(0).plans.emplace_back(key, std::make_shared<const StoredPlan>(
+                                                          StoredPlan{engine(9, 0.25f), 91900, {4, 5, 6}}));
+  CHECK_THROWS_WITH(check_single_entry(foreign_plan, entries.at(0).name, "remote"),
+                    Catch::Contains("holds a stored plan of another entry"));
 }

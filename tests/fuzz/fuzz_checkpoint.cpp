@@ -10,7 +10,10 @@
 //
 // What a loader accepts must also be a checkpoint the rest of the library can use. So an accepted input is
 // saved again and must load again to the same bytes (in binary and through JSON), and merged into an empty
-// store it must give back exactly its entries. A violation aborts with the reason on stderr.
+// store it must give back exactly its entries. Its entries, each on its own as a shared store keeps them
+// (Note [Entries on a shared store]), must pass the store's decoder under their own names and merge back into
+// the same entries; the decoder must refuse, by an Error, what is not one entry of the name it is asked for.
+// A violation aborts with the reason on stderr.
 
 #include <cstddef>
 #include <cstdint>
@@ -18,8 +21,13 @@
 #include <cstdlib>
 #include <string>
 
+#include <algorithm>
+#include <vector>
+
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/error.h"
+#include "cudnn_cache/exchange.h"
+#include "cudnn_cache/report.h"
 
 namespace {
 
@@ -38,6 +46,41 @@ Checkpoint without_empty_sections(const Checkpoint& checkpoint) {
     if (section.size() > 0 || !section.plans.empty()) result.sections.push_back(section);
   }
   return result;
+}
+
+// The digests of a checkpoint's entries, sorted.
+std::vector<std::uint64_t> digests(const Checkpoint& checkpoint) {
+  std::vector<std::uint64_t> result;
+  for (const EntryRecord& record : inventory(checkpoint)) result.push_back(record.digest);
+  std::sort(result.begin(), result.end());
+  return result;
+}
+
+// Each entry on its own, through the shared store's decoder, and back together.
+void check_entries_alone(const Checkpoint& checkpoint) {
+  std::vector<Checkpoint> alone;
+  for (const SingleEntry& single : split_entries(checkpoint)) {
+    try {
+      alone.push_back(deserialize(serialize(single.checkpoint), "one entry"));
+      check_single_entry(alone.back(), single.name, "one entry");
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      violated("an entry on its own does not pass the shared store's decoder");
+    }
+    try {
+      check_single_entry(alone.back(), single.name + "0", "one entry, misnamed");
+      violated("the shared store's decoder takes an entry under another name");
+    } catch (const Error&) {
+    }
+  }
+  if (digests(merge(alone).merged) != digests(checkpoint)) violated("its entries alone merge into other entries");
+  if (checkpoint.size() != 1 || checkpoint.pending() != 0) {
+    try {
+      check_single_entry(checkpoint, "", "not one entry");
+      violated("the shared store's decoder takes a checkpoint of another count of entries");
+    } catch (const Error&) {
+    }
+  }
 }
 
 // The properties every accepted checkpoint must have; see the comment at the top.
@@ -72,6 +115,7 @@ void check_accepted(const Checkpoint& checkpoint) {
   if (serialize(merged) != serialize(without_empty_sections(checkpoint))) {
     violated("merged into an empty store, its entries change");
   }
+  check_entries_alone(checkpoint);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 // content: the ranking and, for graph-API entries, the stored plan. Equal digests mean equal content.
 
 #include <cstdint>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -50,5 +51,33 @@ Checkpoint select(const Checkpoint& checkpoint, const std::unordered_set<std::ui
 
 // The sections of `origin` only.
 Checkpoint only_origin(const Checkpoint& checkpoint, const Origin& origin);
+
+// Note [Entries on a shared store]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A shared store (cudnn_cache/remote.py: Redis) keeps each entry on its own, as the bytes of a checkpoint that
+// holds just that entry and its stored plan: the file's format, so what comes back is checked exactly like a
+// file (magic, versions, sizes, enums, checksum), and two versions of the format never read each other's.
+// Its name there says what it is for: the origin's tag and the entry's tag (backend and key, the key
+// including its direction), each the file's checksum (Note [Checksum]) over the portable archive of those
+// values, in hex. The same entry gets the same name in every process and on every platform, so writers
+// merge into one slot; an entry read back under another name than its own is refused (it was written
+// there by something else, or damaged past its checksum's reach).
+
+// The tag of an origin on a shared store: 16 hex digits.
+std::string origin_tag(const Origin& origin);
+
+// An entry on its own, and its name on a shared store: "<origin tag>:<entry tag>".
+struct SingleEntry {
+  Origin origin;
+  std::string name;
+  Checkpoint checkpoint;  // this entry and its stored plan; no pending keys
+};
+
+// Every entry of the checkpoint on its own, in its order.
+std::vector<SingleEntry> split_entries(const Checkpoint& checkpoint);
+
+// The one entry of `checkpoint` checked to be a single entry named `name`; throws Error naming `source`
+// when it holds another count of entries, pending keys, or an entry of another name.
+void check_single_entry(const Checkpoint& checkpoint, const std::string& name, const std::string& source);
 
 }  // namespace cudnn_cache
