@@ -25,6 +25,10 @@ measurement of each candidate wins).
 not tune (the 'record' miss policy, Note [Pending keys]), for this GPU's identity, saved into FILE (merged). It is
 `cudnn_cache tune FILE`, and under torchrun the ranks split the keys as they do a model's.
 
+--remote URL shares the tuning through a Redis store (cudnn_cache.set_remote, Note [Remote store]): this GPU's
+entries there are merged after the file is loaded (or instead of it, where there is none yet), and the saved file's
+entries are pushed to it, each merged on the server. A store that cannot be reached costs one warning.
+
 Under torchrun (WORLD_SIZE > 1) each rank takes GPU LOCAL_RANK and runs the model once under the 'record'
 miss policy (cuDNN's heuristics, every missed key remembered); cudnn_cache.distributed.sync() then has each
 rank tune about 1/N of the keys and gives every rank all of them, and rank 0 saves the file (merged with what
@@ -74,9 +78,19 @@ def parse_args(argv):
                              "--pending, FILE itself")
     parser.add_argument("--exhaustive", action="store_true",
                         help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
+    parser.add_argument("--remote", metavar="URL",
+                        help="a Redis store shared by many machines: redis://[[user]:password@]host[:port][/db] or "
+                             "rediss://; its entries of this GPU are merged in, the file's entries pushed to it")
     parser.add_argument("--device", default="cuda",
                         help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
     args = parser.parse_args(argv)
+    if args.remote is not None:
+        from cudnn_cache.remote import check_url
+
+        try:
+            check_url(args.remote)
+        except ValueError as error:
+            parser.error(f"--remote: {error}")
     if args.pending is not None:
         if args.shape or args.batch_size or args.exhaustive or args.channels_last:
             parser.error("--pending tunes the file's own keys: it takes no --shape, --batch-size, --exhaustive or "
@@ -158,6 +172,8 @@ def main(argv=None) -> int:
         return 2
     import cudnn_cache
 
+    if args.remote is not None:
+        cudnn_cache.set_remote(args.remote)
     rank_device = join_process_group()
     try:
         return warm_start(args, cudnn_cache, rank_device)
@@ -194,7 +210,10 @@ def warm_start(args, cudnn_cache, rank_device) -> int:
     dtype = DTYPES[args.dtype]
     started = time.perf_counter()
     # An exhaustive run searches every key again: what the file holds was (most likely) found by a shorter search.
-    loaded = cudnn_cache.load(args.output) if os.path.exists(args.output) and not args.exhaustive else 0
+    if os.path.exists(args.output) and not args.exhaustive:
+        loaded = cudnn_cache.load(args.output)  # and the remote store's entries of this GPU, with --remote
+    else:
+        loaded = 0 if args.exhaustive else cudnn_cache.pull_remote()
     if args.exhaustive:
         cudnn_cache.set_tuning_options(exhaustive=True)
     model = build_model(args, device, dtype)

@@ -37,6 +37,15 @@ def test_pending_takes_the_file_alone_and_writes_into_it():
         warm_start.parse_args(["--model", "resnet18", "--output", "x.cache"])
 
 
+def test_remote_takes_a_redis_url_and_refuses_anything_else(capsys):
+    args = warm_start.parse_args(["--pending", "shapes.cache", "--remote", "redis://:pw@cache-host:6379/1"])
+    assert args.remote == "redis://:pw@cache-host:6379/1"
+    with pytest.raises(SystemExit) as exit:
+        warm_start.parse_args(["--pending", "shapes.cache", "--remote", "http://cache-host:6379"])
+    assert exit.value.code == 2 and "--remote: remote store 'http://cache-host:6379': the scheme must be redis" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a GPU")
 def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path):
     output = tmp_path / "x.cache"

@@ -8,6 +8,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -26,7 +27,6 @@ std::vector<std::int64_t> origin_numbers(const Origin& origin) {
   return {d.compute_capability_major, d.compute_capability_minor, d.multiprocessor_count, origin.cudnn_major,
           origin.cudnn_minor};
 }
-
 
 // Assigns each distinct origin an index in the table, in order of first use.
 class OriginIndex {
@@ -95,6 +95,26 @@ std::tuple<std::vector<std::string>, std::vector<std::int64_t>, at::Tensor> inve
   return {std::get<0>(origins.table()), std::get<1>(origins.table()), rows_tensor(values, columns)};
 }
 
+// The bytes of a 1-D uint8 tensor (on any device), checked, as a string; `op` and `source` name them in errors.
+std::string bytes_of(const at::Tensor& data, const char* op, const std::string& source) {
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 1, "cudnn_cache.", op, ": ", source,
+              ": expected a 1-D uint8 tensor of checkpoint bytes, got ", data.scalar_type(), " of ", data.dim(),
+              " dimensions");
+  const at::Tensor bytes = data.to(at::kCPU).contiguous();
+  return {static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())};
+}
+
+// Strings end to end in a uint8 tensor, and where each ends.
+std::pair<at::Tensor, std::vector<std::int64_t>> concatenated(const std::vector<std::string>& parts) {
+  std::vector<std::int64_t> ends;
+  std::size_t total = 0;
+  for (const std::string& part : parts) ends.push_back(static_cast<std::int64_t>(total += part.size()));
+  at::Tensor result = at::empty({static_cast<std::int64_t>(total)}, at::kByte);
+  auto* out = static_cast<char*>(result.data_ptr());
+  for (const std::string& part : parts) out = std::copy(part.begin(), part.end(), out);
+  return {result, ends};
+}
+
 // The bytes of a checkpoint of the cache's entries with these digests (and their stored plans), as uint8.
 at::Tensor export_entries(at::IntArrayRef digests) {
   std::unordered_set<std::uint64_t> chosen;
@@ -103,27 +123,76 @@ at::Tensor export_entries(at::IntArrayRef digests) {
     std::memcpy(&bits, &digest, sizeof bits);
     chosen.insert(bits);
   }
-  const std::string bytes = rethrow([&] { return serialize(select(snapshot(Runtime::instance().store()), chosen)); });
-  at::Tensor result = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(result.data_ptr(), bytes.data(), bytes.size());
-  return result;
+  return concatenated({rethrow([&] { return serialize(select(snapshot(Runtime::instance().store()), chosen)); })})
+      .first;
 }
 
 // Merges the checkpoint in `data` (uint8, on any device) into the cache, all or nothing; with an origin, only
 // its entries. `source` names the bytes in errors. Returns the entries merged.
 std::int64_t import_entries(const at::Tensor& data, const std::string& source,
                             const std::optional<std::string>& origin_name, at::IntArrayRef numbers) {
-  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 1, "cudnn_cache.import_entries: ", source,
-              ": expected a 1-D uint8 tensor of checkpoint bytes, got ", data.scalar_type(), " of ", data.dim(),
-              " dimensions");
-  const at::Tensor bytes = data.to(at::kCPU).contiguous();
-  const std::string text(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+  const std::string text = bytes_of(data, "import_entries", source);
   return rethrow([&] {
     Checkpoint checkpoint = deserialize(text, source);
     if (origin_name) checkpoint = only_origin(checkpoint, origin_from(*origin_name, numbers, "import_entries"));
     merge_into(Runtime::instance().store(), checkpoint);
     return static_cast<std::int64_t>(checkpoint.size());
   });
+}
+
+// An origin's tag on a shared store (Note [Entries on a shared store]).
+std::string origin_tag(const std::string& name, at::IntArrayRef numbers) {
+  return rethrow([&] { return cudnn_cache::origin_tag(origin_from(name, numbers, "origin_tag")); });
+}
+
+// Every entry of the checkpoint in `data` on its own (Note [Entries on a shared store]): each one's name, the
+// index of its origin in the table, the table, and their checkpoints' bytes end to end with where each ends.
+std::tuple<std::vector<std::string>, std::vector<std::int64_t>, std::vector<std::string>, std::vector<std::int64_t>,
+           at::Tensor, std::vector<std::int64_t>>
+split_entries(const at::Tensor& data, const std::string& source) {
+  const std::string text = bytes_of(data, "split_entries", source);
+  return rethrow([&] {
+    std::vector<std::string> names, parts;
+    std::vector<std::int64_t> origin_indices;
+    OriginIndex origins;
+    for (const SingleEntry& single : cudnn_cache::split_entries(deserialize(text, source))) {
+      names.push_back(single.name);
+      origin_indices.push_back(origins(single.origin));
+      parts.push_back(serialize(single.checkpoint));
+    }
+    auto [bytes, ends] = concatenated(parts);
+    return std::make_tuple(names, origin_indices, std::get<0>(origins.table()), std::get<1>(origins.table()), bytes,
+                           ends);
+  });
+}
+
+// Merges single-entry checkpoints (the bytes of the i-th end at ends[i]), each checked like a file and to be
+// the one entry named names[i]; those that are not are left out. Returns the merged checkpoint's bytes and,
+// for each one left out, its index and why.
+std::tuple<at::Tensor, std::vector<std::int64_t>, std::vector<std::string>> merge_entries(
+    const at::Tensor& data, at::IntArrayRef ends, std::vector<std::string> names, const std::string& source) {
+  const std::string text = bytes_of(data, "merge_entries", source);
+  TORCH_CHECK(ends.size() == names.size(), "cudnn_cache.merge_entries: ", ends.size(), " ends for ", names.size(),
+              " names");
+  CacheStore merged;  // Note [Selection, merge and fallback policy]: per candidate the faster measurement wins
+  std::vector<std::int64_t> refused;
+  std::vector<std::string> reasons;
+  std::int64_t begin = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    TORCH_CHECK(begin <= ends[i] && ends[i] <= static_cast<std::int64_t>(text.size()),
+                "cudnn_cache.merge_entries: end ", ends[i], " of entry ", i, " is outside the ", text.size(), " bytes");
+    const std::string where = source + " " + names[i];
+    try {
+      Checkpoint checkpoint = deserialize(text.substr(begin, ends[i] - begin), where);
+      check_single_entry(checkpoint, names[i], where);
+      merge_into(merged, std::move(checkpoint));
+    } catch (const Error& e) {
+      refused.push_back(static_cast<std::int64_t>(i));
+      reasons.emplace_back(e.what());
+    }
+    begin = ends[i];
+  }
+  return {concatenated({rethrow([&] { return serialize(snapshot(merged)); })}).first, refused, reasons};
 }
 
 }  // namespace
@@ -135,6 +204,9 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("inventory", &inventory);
   m.impl("export_entries", &export_entries);
   m.impl("import_entries", &import_entries);
+  m.impl("origin_tag", &origin_tag);
+  m.impl("split_entries", &split_entries);
+  m.impl("merge_entries", &merge_entries);
 }
 
 }  // namespace cudnn_cache::torch_ops

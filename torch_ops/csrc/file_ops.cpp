@@ -74,6 +74,18 @@ void file_write(const std::string& path, const std::string& content) {
   rethrow([&] { write_file_atomically(path, content); });
 }
 
+// A cache file's bytes (uint8), checked like a file before anything is written, written atomically.
+void file_write_checkpoint(const std::string& path, const at::Tensor& data) {
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 1, "cudnn_cache.file_write_checkpoint: ", path,
+              ": expected a 1-D uint8 tensor of checkpoint bytes");
+  const at::Tensor bytes = data.to(at::kCPU).contiguous();
+  const std::string content(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+  rethrow([&] {
+    deserialize(content, path);
+    write_file_atomically(path, content);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
@@ -86,6 +98,7 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("file_import_json", &file_import_json);
   m.impl("file_synth", &file_synth);
   m.impl("file_write", &file_write);
+  m.impl("file_write_checkpoint", &file_write_checkpoint);
 }
 
 }  // namespace cudnn_cache::torch_ops

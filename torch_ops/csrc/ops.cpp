@@ -72,6 +72,11 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("inventory() -> (str[] origin_names, int[] origin_numbers, Tensor rows)");
   m.def("export_entries(int[] digests) -> Tensor");
   m.def("import_entries(Tensor data, str source, str? origin_name=None, int[] origin_numbers=[]) -> int");
+  m.def("origin_tag(str name, int[] numbers) -> str");
+  m.def("split_entries(Tensor data, str source) -> (str[] names, int[] origin_indices, str[] origin_names, "
+        "int[] origin_numbers, Tensor data, int[] ends)");
+  m.def("merge_entries(Tensor data, int[] ends, str[] names, str source) -> (Tensor data, int[] refused, "
+        "str[] reasons)");
   m.def("tune_key(int[] key, str backend, int? device=None) -> int");
 
   // Cache files, without this process's cache (python -m cudnn_cache).
@@ -84,6 +89,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("file_import_json(str json_path, str output) -> ()");
   m.def("file_synth(str path, int entries, int seed=1) -> int");
   m.def("file_write(str path, str content) -> ()");
+  m.def("file_write_checkpoint(str path, Tensor data) -> ()");
 }
 
 namespace cudnn_cache::torch_ops {

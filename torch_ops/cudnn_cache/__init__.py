@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -28,6 +29,7 @@ _log_level_at_import = _environment.log_level()
 _environment.plan_cache_limit()  # read by the C++ runtime when it starts, as is the next one
 _environment.workspace_limit()
 _environment.miss_policy()
+_remote_at_import = _environment.remote()
 load_library()
 
 from . import functional  # noqa: E402  (needs the ops registered)
@@ -63,15 +65,17 @@ __all__ = [
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Preparation",
     "active_file", "audit", "backend", "clear", "conv_key", "convert", "describe_convolution", "describe_filter",
     "describe_tensor", "distributed", "fill", "functional", "intercept", "intercepting", "library_path", "load",
-    "log_level", "logger", "miss_policy", "persistent", "plan_cache_limit", "prepare", "query", "reset_stats",
-    "save", "set_backend", "set_log_level", "set_miss_policy", "set_plan_cache_limit", "set_tuning_options",
+    "log_level", "logger", "miss_policy", "persistent", "plan_cache_limit", "prepare", "query", "remote_url",
+    "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "set_plan_cache_limit", "set_remote",
+    "set_tuning_options",
     "set_workspace_limit", "size",
     "stats", "tuning_options",
 ]
 
 
 def load(path: str) -> int:
-    """Merges the cache file at `path` into this process's cache and returns how many entries it held.
+    """Merges the cache file at `path` into this process's cache and returns how many entries it held; with a
+    remote store set (set_remote), then merges this GPU's entries from it too (pull_remote).
 
     All or nothing: a truncated, corrupt, wrong-magic or newer-format file raises RuntimeError naming the file
     and the reason, and the cache stays as it was.
@@ -80,12 +84,14 @@ def load(path: str) -> int:
     started = time.perf_counter()
     entries = _ops.load(path)
     logger.info("loaded %d entries from %s in %.1f ms", entries, path, 1e3 * (time.perf_counter() - started))
+    pull_remote()
     return entries
 
 
 def save(path: str, merge: bool = True, lock_timeout: float = 60.0) -> int:
     """Writes every entry of this process's cache to `path`, atomically (temp file, fsync, rename), and
-    returns the number of entries the file holds now.
+    returns the number of entries the file holds now; with a remote store set (set_remote), then pushes the
+    file's entries to it, each merged on the server.
 
     The file is shared safely: the save holds an advisory lock on "<path>.lock" (waiting at most
     `lock_timeout` seconds, then raising RuntimeError naming the file) and, with `merge` (the default), keeps
@@ -99,20 +105,93 @@ def save(path: str, merge: bool = True, lock_timeout: float = 60.0) -> int:
     entries = _ops.save(path, merge, float(lock_timeout))
     logger.info("saved %d entries to %s (%d from this process) in %.1f ms", entries, path, size(),
                 1e3 * (time.perf_counter() - started))
+    if _remote is not None:
+        with open(path, "rb") as saved:
+            _push_remote(saved.read(), path)
     return entries
+
+
+_remote = None  # remote.Remote, or None: see set_remote
+_remote_warned = False
+
+
+def set_remote(url: Optional[str], timeout: float = 1.0) -> None:
+    """A shared store under the local file (Note [Remote store] in remote.py): a Redis URL,
+    redis://[[user]:password@]host[:port][/db] or rediss:// for TLS (CUDNN_CACHE_REMOTE sets it at start), or
+    None for none. load() then also merges this GPU's entries from it, and save() pushes the file's entries to
+    it, each merged on the server (per candidate the faster measurement wins). A store that cannot be reached
+    or answers slower than `timeout` seconds costs one warning per process; the local file works as before.
+    Nothing is sent until then: a bad URL raises ValueError here, an unreachable server warns at load or save."""
+    global _remote, _remote_warned
+    from . import remote as _remote_module
+
+    _remote = None if url is None else _remote_module.Remote(url, timeout=timeout)
+    _remote_warned = False
+
+
+def remote_url() -> Optional[str]:
+    """The remote store's URL, its password hidden; None when there is none (set_remote)."""
+    return None if _remote is None else _remote.name
+
+
+def _remote_failed(error: Exception, what: str) -> None:
+    """Warns of the remote store's failure once per process (Note [Remote store]); logs every one."""
+    global _remote_warned
+    logger.info("remote store: %s", error)
+    if not _remote_warned:
+        _remote_warned = True
+        warnings.warn(f"cudnn_cache: {error}; {what}", RuntimeWarning, stacklevel=4)
+
+
+def pull_remote(device: Optional[int] = None) -> int:
+    """Merges the remote store's entries of this GPU (or CUDA device `device`) and this cuDNN into the cache and
+    returns how many it merged; 0 with no remote store set, without a GPU, or when the store cannot be
+    reached (then it warns, once per process). Entries that fail the file's checks are left out (logged)."""
+    if _remote is None or not torch.cuda.is_available():
+        return 0
+    from . import remote as _remote_module
+
+    started = time.perf_counter()
+    try:
+        tags = [_ops.origin_tag(*_ops.device_origin(device))]
+        data, report = _remote.pull(tags)
+    except _remote_module.RemoteError as error:
+        _remote_failed(error, "this process goes on with its local file")
+        return 0
+    for name, reason in report.refused:
+        logger.info("remote store %s: left out %s: %s", _remote.name, name, reason)
+    merged = _ops.import_entries(_remote_module._tensor(data), f"remote store {_remote.name}")
+    logger.info("merged %d entries from remote store %s in %.1f ms (%d left out)", merged, _remote.name,
+                1e3 * (time.perf_counter() - started), len(report.refused))
+    return merged
+
+
+def _push_remote(data: bytes, source: str) -> None:
+    from . import remote as _remote_module
+
+    try:
+        report = _remote.push(data, source)
+    except _remote_module.RemoteError as error:
+        _remote_failed(error, f"{source} is saved; its entries go to the remote store at the next save")
+        return
+    logger.info("pushed %s to remote store %s: %d stored, %d unchanged, %d replaced, %.1f ms", source, _remote.name,
+                report.stored, report.unchanged, report.replaced, 1e3 * report.seconds)
 
 
 @contextlib.contextmanager
 def persistent(path: str, prepare_plans: bool = True) -> Iterator[None]:
-    """Loads `path` if it exists (then, with a GPU and `prepare_plans`, builds its plans with prepare()), and
+    """Loads `path` if it exists, and the remote store's entries of this GPU if one is set (then, with a GPU
+    and `prepare_plans`, builds their plans with prepare()), and
     saves the cache to it atomically when the block exits (also when it raises: what was tuned stays valid).
     The save merges with what the file holds then, under its lock (see save()), so several processes may
     use one file."""
     path = os.fspath(path)
     if os.path.exists(path):
         load(path)
-        if prepare_plans and torch.cuda.is_available():
-            prepare()
+    else:
+        pull_remote()
+    if prepare_plans and torch.cuda.is_available() and size() > 0:
+        prepare()
     try:
         yield
     finally:
@@ -385,6 +464,8 @@ INTERCEPT_ENVIRONMENT = _environment.INTERCEPT
 
 
 from . import distributed  # noqa: E402  (sync(): share tuning across ranks)
+if _remote_at_import is not None:
+    set_remote(_remote_at_import)
 from . import _activation  # noqa: E402  (CUDNN_CACHE_PATH: load now, save at exit)
 
 if os.environ.get(_activation.ENVIRONMENT):

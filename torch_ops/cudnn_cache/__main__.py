@@ -12,6 +12,10 @@
                                           tune FILE's pending keys of this GPU and save them into it
     cudnn_cache run [--cache PATH] [--no-intercept] train.py|-m MODULE [ARGS...]
                                           a script with the cache (python -m cudnn_cache.run)
+    cudnn_cache remote stats URL          what a Redis store holds, per origin (cudnn_cache.remote)
+    cudnn_cache remote push FILE URL      merge FILE's entries into the store, each on the server
+    cudnn_cache remote pull URL -o FILE [--origin TAG...]   the store's entries as a cache file
+    cudnn_cache remote prune URL (--origin TAG... | --other-versions)   delete entries from the store
 
 Each command takes --help. Files are written atomically (temp file, fsync, rename); none of the file commands
 touches a process's cache.
@@ -21,7 +25,8 @@ leave it where it is.
 
 Exit codes: 0 success (diff: the files hold the same entries and bests); 1 diff found differences; 2 usage
 error; 3 a file is missing, unreadable, corrupt or not a cache file, or cannot be written (the reason is on
-stderr, in one line); 4 tune found no CUDA GPU to time on. run exits with the script's status.
+stderr, in one line); 4 tune found no CUDA GPU to time on; 5 the remote store cannot be reached, did not answer
+within --timeout, or refused (the reason on stderr, in one line). run exits with the script's status.
 """
 
 import argparse
@@ -31,7 +36,7 @@ from typing import List, Optional
 
 from . import _cli
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE, EXIT_NO_GPU = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE, EXIT_NO_GPU, EXIT_REMOTE = 0, 1, 2, 3, 4, 5
 
 
 def _ops():
@@ -122,6 +127,76 @@ def _tune(args) -> int:
     return EXIT_OK
 
 
+def _remote(args):
+    _ops()  # the ops the store's entries are checked with
+    from . import remote
+
+    return remote, remote.Remote(args.url, timeout=args.timeout)
+
+
+def _print_report(args, text: str, report) -> None:
+    import dataclasses
+    import json
+
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report) if dataclasses.is_dataclass(report) else report, indent=1))
+    else:
+        print(text)
+
+
+def _remote_stats(args) -> int:
+    _, store = _remote(args)
+    held = store.stats()
+    lines = [f"{held['url']}: format {held['format_version']}, {len(held['origins'])} origins"]
+    for tag, origin in held["origins"].items():
+        lines.append(f"  {tag}  {origin['entries']} entries, {origin['bytes']} bytes  {origin['origin']}")
+    for version, keys in held["other_versions"].items():
+        lines.append(f"  {keys} keys of format {version} (never read by this version; prune --other-versions)")
+    _print_report(args, "\n".join(lines), held)
+    return EXIT_OK
+
+
+def _remote_push(args) -> int:
+    _, store = _remote(args)
+    with open(args.file, "rb") as file:
+        report = store.push(file.read(), args.file)
+    _print_report(args, f"{args.file} -> {store.name}: {report.entries} entries, {report.stored} stored, "
+                        f"{report.unchanged} unchanged, {report.replaced} replaced a damaged copy, "
+                        f"{report.retries} merged again after another writer, {report.seconds:.2f} s", report)
+    return EXIT_OK
+
+
+def _remote_pull(args) -> int:
+    remote, store = _remote(args)
+    data, report = store.pull(args.origin)
+    _ops().file_write_checkpoint(args.output, remote._tensor(data))
+    for name, reason in report.refused:
+        print(f"left out {name}: {reason}", file=sys.stderr)
+    _print_report(args, f"{store.name} -> {args.output}: {report.entries} entries of {report.origins} origins, "
+                        f"{len(report.refused)} left out, {report.seconds:.2f} s; wrote "
+                        f"{_ops().file_summary(args.output)}", report)
+    return EXIT_OK
+
+
+def _remote_prune(args) -> int:
+    if not args.origin and not args.other_versions:
+        print(f"{program()} remote prune: name what to delete: --origin TAG (see remote stats) or "
+              "--other-versions", file=sys.stderr)
+        return EXIT_USAGE
+    _, store = _remote(args)
+    deleted = store.prune(args.origin, args.other_versions)
+    _print_report(args, f"{store.name}: deleted {deleted} keys", {"url": store.name, "deleted": deleted})
+    return EXIT_OK
+
+
+def _origin_tag(text: str) -> str:
+    """An argparse type: an origin's tag, 16 hex digits (remote stats lists them)."""
+    if len(text) != 16 or any(c not in "0123456789abcdef" for c in text):
+        raise argparse.ArgumentTypeError(f"takes an origin tag of 16 hex digits (remote stats lists them), not "
+                                         f"{text!r}")
+    return text
+
+
 def _seconds(text: str) -> float:
     """An argparse type: a number of seconds >= 0."""
     try:
@@ -210,6 +285,29 @@ def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
                          help="the CUDA device to tune on (default: the current one)")
     command.set_defaults(run=_tune)
 
+    command = commands.add_parser("remote", help="a shared store on Redis: stats, push, pull, prune")
+    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, run, help_text in (("stats", _remote_stats, "what the store holds, per origin"),
+                                 ("push", _remote_push, "merge a file's entries into the store"),
+                                 ("pull", _remote_pull, "the store's entries as a cache file"),
+                                 ("prune", _remote_prune, "delete entries from the store")):
+        action = actions.add_parser(name, help=help_text)
+        if name == "push":
+            action.add_argument("file")
+        action.add_argument("url", metavar="URL", help="redis://[[user]:password@]host[:port][/db] or rediss://")
+        if name == "pull":
+            action.add_argument("-o", "--output", required=True)
+        if name in ("pull", "prune"):
+            action.add_argument("--origin", nargs="+", type=_origin_tag, default=None, metavar="TAG",
+                                help="only these origins (default for pull: every origin)")
+        if name == "prune":
+            action.add_argument("--other-versions", action="store_true",
+                                help="every key of another version of the file format")
+        action.add_argument("--timeout", type=_seconds, default=1.0, metavar="S",
+                            help="seconds to connect and for each command (default 1)")
+        action.add_argument("--json", action="store_true", help="the report as JSON")
+        action.set_defaults(run=run)
+
     # Parsed by cudnn_cache.run itself (main() hands it everything after "run"); here for --help's list.
     commands.add_parser("run", add_help=False, help="run a script or module with the cache (--help: its options)")
     return main
@@ -224,7 +322,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser(prog).parse_args(argv)  # exits with 2 on a usage error
     try:
         return args.run(args)
+    except ValueError as error:  # a bad URL or timeout
+        if args.command != "remote":
+            raise
+        print(f"{prog} {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except RuntimeError as error:
+        from .remote import RemoteError
+
+        if isinstance(error, RemoteError):
+            print(f"{prog} {args.command}: {error}", file=sys.stderr)
+            return EXIT_REMOTE
         print(f"{prog} {args.command}: {_reason(error)}", file=sys.stderr)
         return EXIT_BAD_FILE
     except OSError as error:

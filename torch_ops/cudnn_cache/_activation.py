@@ -5,6 +5,9 @@ process exits, with no call in the training script.
     CUDNN_CACHE_PATH=/data/caches/          a directory: one file per GPU and cuDNN identity in it
     CUDNN_CACHE_PATH=default                the directory $XDG_CACHE_HOME/cudnn_cache (~/.cache/cudnn_cache)
 
+With CUDNN_CACHE_REMOTE set too, this GPU's entries of that shared store are merged after the file (also when
+there is no file yet), and the save at exit pushes the file's entries to it (cudnn_cache.set_remote).
+
 A file that cannot be loaded (corrupt, truncated, of a newer cudnn_cache) is moved aside, never overwritten,
 with a warning; the process starts with an empty cache. In a directory, files are named after the GPU
 (name, compute capability, SM count) and cuDNN major.minor, e.g. NVIDIA_H200-sm90-132sms-cudnn9.19.cache,
@@ -94,9 +97,11 @@ def activate(value: str) -> Optional[pathlib.Path]:
         warnings.warn(f"cudnn_cache: {ENVIRONMENT}={value} names a directory, whose files are named after the GPU; "
                       "without a GPU this process loads and saves no cache file", RuntimeWarning, stacklevel=2)
         return None
+    loaded = False
     if path.exists():
         try:
-            cudnn_cache.load(path)
+            cudnn_cache.load(path)  # and the remote store's entries of this GPU
+            loaded = True
         except RuntimeError as error:
             reason = str(error).splitlines()[0]
             aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -110,6 +115,8 @@ def activate(value: str) -> Optional[pathlib.Path]:
             warnings.warn(f"cudnn_cache: {ENVIRONMENT} names {path}, which cannot be loaded ({reason}). It was "
                           f"moved to {aside}; this process starts with an empty cache and saves a new file at exit.",
                           RuntimeWarning, stacklevel=2)
+    if not loaded:
+        cudnn_cache.pull_remote()  # a new machine: it has no file yet, the fleet's store may have its entries
     if _active is None:
         atexit.register(_save_at_exit)
     _active = path

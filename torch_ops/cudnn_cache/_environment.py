@@ -10,6 +10,8 @@
                            (default: no limit); read by the C++ runtime, checked here
     CUDNN_CACHE_MISS_POLICY  what a convolution whose key is not cached does: tune (the default), heuristic,
                            error, record or nearest; read by the C++ runtime, checked here
+    CUDNN_CACHE_REMOTE     a shared store under the local file: redis://[[user]:password@]host[:port][/db] or
+                           rediss:// (remote.py)
     CUDNN_CACHE_LIBRARY    the ops library to load instead of the package's own (_library.py)
     CUDNN_CACHE_BUILD_DIR  where a source checkout's ops library is, when the package has none (default build)
 
@@ -31,6 +33,7 @@ LIBRARY = "CUDNN_CACHE_LIBRARY"
 PLAN_CACHE_LIMIT = "CUDNN_CACHE_PLAN_CACHE_LIMIT"
 WORKSPACE_LIMIT = "CUDNN_CACHE_WORKSPACE_LIMIT"
 MISS_POLICY = "CUDNN_CACHE_MISS_POLICY"
+REMOTE = "CUDNN_CACHE_REMOTE"
 
 _TRUE, _FALSE = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
 LOG_LEVELS = ("off", "info", "debug")
@@ -96,3 +99,16 @@ def miss_policy() -> Optional[str]:
     """CUDNN_CACHE_MISS_POLICY: None when unset or empty, else one of MISS_POLICIES."""
     return _one_of(MISS_POLICY, MISS_POLICIES, "use tune (time a missed key now, the default), heuristic, error, "
                                                "record or nearest (a neighbour's choice now, the key tuned later)")
+
+
+def remote() -> Optional[str]:
+    """CUDNN_CACHE_REMOTE: None when unset or empty, else a Redis URL (remote.check_url's form)."""
+    from .remote import check_url, redacted  # no op is used to check a URL
+
+    value = os.environ.get(REMOTE, "")
+    if value == "":
+        return None
+    try:
+        return check_url(value)
+    except ValueError as error:
+        refuse(REMOTE, redacted(value), str(error))
