@@ -156,7 +156,7 @@ class Remote:
         try:
             import redis
         except ImportError:
-            raise ImportError("cudnn_cache's remote store needs redis-py: pip install 'redis>=5' (or install "
+            raise ImportError("cudnn_cache's remote store needs redis-py: pip install 'redis[hiredis]>=5' (or install "
                               "cudnn_cache with the extra: pip install 'cudnn_cache[remote]')") from None
         self.url = check_url(url)
         self.name = redacted(url)

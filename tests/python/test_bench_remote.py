@@ -1,0 +1,44 @@
+"""scripts/bench_remote.py's report from synthetic results: each target met and missed (its cases run in
+test_remote.py against a real server)."""
+
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_remote  # noqa: E402
+
+
+def results(pull_ms, lost=0, not_fastest=0, gap_ms=None, remote_tunes=0):
+    pulls = [pull_ms] * 7
+    out = {"environment": {"date": "2026-12-02", "machine": "x86_64 CPU, 2 cores", "redis": "7.0.15"},
+           "cpu": {"push_new": {"seconds": 1.5, "entries": 10000, "stored": 10000, "unchanged": 0},
+                   "push_again": {"seconds": 0.1, "entries": 10000, "stored": 0, "unchanged": 10000},
+                   "pull": {"ms": {"median": pull_ms, "lo": pull_ms - 1, "hi": pull_ms + 1}, "samples_ms": pulls,
+                            "entries": 10000, "refused": 0},
+                   "writers": {"writers": 16, "entries_each": 1000, "seconds": 4.0, "retries": 12, "stored": 16000,
+                               "lost": lost, "extra": 0, "not_fastest": not_fastest}}}
+    if gap_ms is not None:
+        out["gpu"] = {"workload": "ResNet-50 fp32 bs32", "entries": 159, "gap_ms": gap_ms,
+                      "local": {"warm_start_ms": 300.0, "entries_ms": 20.0, "tunes": 0},
+                      "remote": {"warm_start_ms": 300.0 + gap_ms, "entries_ms": 40.0, "tunes": remote_tunes}}
+    return out
+
+
+@pytest.mark.parametrize("case, all_met, missed", [
+    (results(80.0), True, []),
+    (results(120.0), False, ["pull"]),
+    (results(80.0, lost=1), False, ["writers"]),
+    (results(80.0, not_fastest=2), False, ["writers"]),
+    (results(80.0, gap_ms=30.0), True, []),
+    (results(80.0, gap_ms=70.0), False, ["remote store alone"]),
+    (results(80.0, gap_ms=10.0, remote_tunes=3), False, ["remote store alone"]),
+])
+def test_the_report_judges_each_target(case, all_met, missed):
+    table = bench_remote.report(case)
+    assert case["all_met"] is all_met
+    missed_rows = [line for line in table.splitlines() if line.endswith("| MISSED |")]
+    assert len(missed_rows) == len(missed) and all(word in row for word, row in zip(missed, missed_rows))
+    assert "| pull (10000 entries, 0 refused) |" in table and "<= 100 ms" in table
