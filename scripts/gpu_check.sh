@@ -25,6 +25,16 @@ step() {  # step NAME COMMAND...: runs COMMAND, logs to $out/NAME.log, prints th
 # machine: $CXX=/opt/gcc/bin/g++) gives the ops library a private copy of iostreams whose locale is never set
 # up, and the first error message it formats crashes the process.
 compiler=${CUDNN_CACHE_CXX:-$(command -v /usr/bin/g++ || command -v g++)}
+# What scripts/fetch_gpu_deps.sh unpacked: redis-server for tests/python/test_remote.py, redis-py's wheels.
+export PATH="$PWD/.deps/root/usr/bin:$PATH"
+# Debian's redis-server is a link to redis-check-rdb (the binary picks its role by its name): made again here in
+# case the copy to this machine did not keep the link.
+[ -e .deps/root/usr/bin/redis-check-rdb ] && ln -sf redis-check-rdb .deps/root/usr/bin/redis-server
+export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for wheel in .deps/wheels/*.whl; do
+  [ -e "$wheel" ] && python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" .deps/site
+done
+export PYTHONPATH="$PWD/.deps/site${PYTHONPATH:+:$PYTHONPATH}"
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cudnn_root=$(python3 -c 'import nvidia.cudnn; print(nvidia.cudnn.__path__[0])')
 build() {
