@@ -20,25 +20,50 @@ def free_port() -> int:
 
 class RedisServer:
     """redis-server on 127.0.0.1:`port`, its log in `folder`; `password` (requirepass) and `maxmemory` (bytes,
-    with noeviction: a full server refuses writes) when given. Raises RuntimeError if it does not start."""
+    with noeviction: a full server refuses writes) when given; with `tls`, TLS only, with a certificate of a CA
+    of its own (made with openssl in `folder`; `ca` is its path, for the client). Raises RuntimeError if it does
+    not start."""
 
-    def __init__(self, folder: pathlib.Path, password: Optional[str] = None, maxmemory: Optional[int] = None):
+    def __init__(self, folder: pathlib.Path, password: Optional[str] = None, maxmemory: Optional[int] = None,
+                 tls: bool = False):
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server is not installed (scripts/install_deps.sh installs Debian's)")
         self.folder, self.password, self.maxmemory = pathlib.Path(folder), password, maxmemory
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.tls = tls
+        self.ca = self.folder / "ca.crt"
+        if tls:
+            self._make_certificates()
         self.port = free_port()
         self.process: Optional[subprocess.Popen] = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://{':' + self.password + '@' if self.password else ''}127.0.0.1:{self.port}/0"
+        scheme, query = ("rediss", f"?ssl_ca_certs={self.ca}") if self.tls else ("redis", "")
+        return f"{scheme}://{':' + self.password + '@' if self.password else ''}127.0.0.1:{self.port}/0{query}"
+
+    def _make_certificates(self) -> None:
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=self.folder, check=True, capture_output=True)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+                "-subj", "/CN=cudnn_cache test CA")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj",
+                "/CN=127.0.0.1")
+        (self.folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+                "server.crt", "-days", "2", "-extfile", "san.cnf")
 
     def start(self) -> None:
         """Starts it (again, on the same port) and waits until it takes connections."""
-        command = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", str(self.folder), "--logfile", str(self.folder / "redis.log")]
+        command = [REDIS_SERVER, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.folder),
+                   "--logfile", str(self.folder / "redis.log")]
+        if self.tls:
+            command += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", "server.crt",
+                        "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"]
+        else:
+            command += ["--port", str(self.port)]
         if self.password:
             command += ["--requirepass", self.password]
         if self.maxmemory:
@@ -66,7 +91,7 @@ class RedisServer:
         """A redis-py client of it, to look at or damage what it holds."""
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+        return redis.Redis.from_url(self.url)
 
     def __enter__(self) -> "RedisServer":
         return self

@@ -81,6 +81,19 @@ def test_a_file_pushed_and_pulled_back_is_the_same_cache(cli, synth, server, tmp
                                                                           cudnn % 10000 // 100])
 
 
+def test_over_tls_a_pushed_file_comes_back_and_an_unknown_ca_is_refused(cli, synth, tmp_path):
+    source = synth("a.cache", 50)
+    with RedisServer(tmp_path / "tls", tls=True) as secure:
+        assert secure.url.startswith("rediss://") and "ssl_ca_certs=" in secure.url
+        assert cli("remote", "push", source, secure.url).returncode == 0
+        assert cli("remote", "pull", secure.url, "-o", tmp_path / "back.cache").returncode == 0
+        assert same_cache(cli, source, tmp_path / "back.cache")
+        untrusted = cli("remote", "stats", secure.url.split("?")[0])  # the server's CA is not the system's
+        assert untrusted.returncode == 5 and "certificate verify failed" in untrusted.stderr, untrusted.stderr
+        plain = cli("remote", "stats", secure.url.split("?")[0].replace("rediss://", "redis://"))
+        assert plain.returncode == 5
+
+
 def test_pushes_merge_on_the_server_as_the_merge_command_merges(cli, synth, server, tmp_path):
     first = synth("first.cache", 200, seed=3)
     # The same keys, half of them measured faster, half slower; and entries of another seed.
@@ -284,7 +297,9 @@ def test_save_pushes_the_files_entries(synth, server, tmp_path, cache_state):
     ("redis://host:notaport", "Port could not be cast"),
     ("redis://host:70000", "out of range"),
     ("redis://host:6379/zero", "the database must be a number"),
-    ("redis://host:6379/0?ssl=1", "takes no query"),
+    ("redis://host:6379/0?ssl_ca_certs=/ca.pem", "TLS options go with rediss://"),
+    ("rediss://host:6379/0?ssl=1", "takes no query option ssl; rediss:// takes ssl_ca_certs"),
+    ("redis://host:6379/0#top", "takes no fragment"),
     (":pw@host", "the scheme must be"),
 ])
 def test_bad_urls_are_refused_naming_the_form(url, message, cli):

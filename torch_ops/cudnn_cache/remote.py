@@ -25,7 +25,8 @@ What comes back is checked exactly like a file (the checkpoint's magic, versions
 and must hold the one entry its name says; an entry that fails is left out and counted, never merged, and a
 push replaces it. A server that is down, slow, restarted or out of memory costs at most the timeouts
 (connect and command, one second each by default) and raises RemoteError; load() and save() with a remote
-set turn that into one warning and go on with the local file.
+set turn that into one warning and go on with the local file. rediss:// (TLS) takes ?ssl_ca_certs=CA.pem for a
+private CA.
 
 The client is redis-py (PyPI), not hiredis from Debian: Debian 12's hiredis is 0.14, which has no TLS, and
 rediss:// is part of what a fleet needs. So the remote layer is Python's: a LibTorch process uses a file that
@@ -61,10 +62,15 @@ def redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")  # rediss:// URL query options
+
+
 def check_url(url: str) -> str:
     """Returns the URL if it names a Redis server cudnn_cache can use: redis:// or rediss://, a host, an
-    optional port (1-65535), an optional database number; raises ValueError naming it and the form it takes."""
-    form = "redis://[[user]:password@]host[:port][/db] (rediss:// for TLS), e.g. redis://cache-host:6379/0"
+    optional port (1-65535), an optional database number, and for rediss:// the TLS options of TLS_OPTIONS as
+    a query (e.g. ?ssl_ca_certs=/etc/ca.pem for a private CA); raises ValueError naming it and the form it takes."""
+    form = ("redis://[[user]:password@]host[:port][/db] (rediss:// for TLS, with ?ssl_ca_certs=CA.pem and the like), "
+            "e.g. redis://cache-host:6379/0")
     if not isinstance(url, str):
         raise ValueError(f"a remote store is a URL string of the form {form}, not {type(url).__name__}")
     try:
@@ -83,8 +89,15 @@ def check_url(url: str) -> str:
     if path and not path.isdigit():
         raise ValueError(f"remote store {redacted(url)!r}: the database must be a number, not {path!r}; the form "
                          f"is {form}")
-    if parts.query or parts.fragment:
-        raise ValueError(f"remote store {redacted(url)!r}: takes no query or fragment; the form is {form}")
+    if parts.fragment:
+        raise ValueError(f"remote store {redacted(url)!r}: takes no fragment; the form is {form}")
+    options = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    allowed = TLS_OPTIONS if parts.scheme == "rediss" else ()
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"remote store {redacted(url)!r}: takes no query option {', '.join(unknown)}; "
+                         + (f"rediss:// takes {', '.join(TLS_OPTIONS)}" if allowed else
+                            "TLS options go with rediss://") + f"; the form is {form}")
     return url
 
 
@@ -284,7 +297,10 @@ class Remote:
                       "other_versions": {}}
             for tag, origin in self.origins().items():
                 names = [self._entry_key(m.decode()) for m in self._client.smembers(self._entries_key(tag))]
-                sizes = [self._client.strlen(key) for key in names]
+                pipe = self._client.pipeline(transaction=False)
+                for key in names:
+                    pipe.strlen(key)
+                sizes = pipe.execute()
                 result["origins"][tag] = {"origin": origin, "entries": sum(size > 0 for size in sizes),
                                           "bytes": sum(sizes)}
             for key in self._client.scan_iter(match="cudnn_cache:v*", count=1000):
