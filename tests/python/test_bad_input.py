@@ -599,6 +599,15 @@ def test_tool_synth_refuses_every_bad_output_in_one_line(kind, bad, tool):
     pytest.param(["synth", "x.cache", "--entries", "3", "--seed", "-1"], r"--seed: takes an integer",
                  id="synth_negative_seed"),
     pytest.param(["stats", "--frobnicate", "x"], r"unrecognized arguments: --frobnicate", id="unknown_option"),
+    pytest.param(["remote", "stats", "http://cache-host:6379"], r"argument URL: remote store 'http://cache-host:6379': "
+                 r"the scheme must be redis or rediss", id="remote_scheme"),
+    pytest.param(["remote", "push", "x.cache", "redis://:pw@cache-host:port"], r"remote store 'redis://:\*\*\*@cache-host"
+                 r":port'.*Port could not be cast", id="remote_port_password_hidden"),
+    pytest.param(["remote", "prune", "redis://h"], r"one of the arguments --origin --other-versions is required",
+                 id="remote_prune_nothing"),
+    pytest.param(["remote", "pull", "redis://h", "-o", "x", "--origin", "12"], r"takes an origin tag of 16 hex "
+                 r"digits", id="remote_origin_tag"),
+    pytest.param(["remote", "stats", "redis://h", "--timeout", "0x"], r"takes a number of seconds", id="remote_timeout"),
 ])
 def test_cli_usage_errors_are_one_line_pointing_at_help(args, match, in_process):
     from cudnn_cache import __main__ as cli_main
@@ -607,11 +616,11 @@ def test_cli_usage_errors_are_one_line_pointing_at_help(args, match, in_process)
 
 
 @pytest.mark.parametrize("command", ["", "inspect", "validate", "stats", "diff", "merge", "export", "import", "synth",
-                                     "run"])
+                                     "run", "remote", "remote stats", "remote push", "remote pull", "remote prune"])
 def test_every_cli_command_has_help(command, in_process):
     from cudnn_cache import __main__ as cli_main
 
-    status, stdout, stderr = in_process(cli_main.main, *filter(None, [command, "--help"]))
+    status, stdout, stderr = in_process(cli_main.main, *command.split(), "--help")
     assert (status, stderr) == (0, "") and stdout.startswith(f"usage: python -m cudnn_cache {command}".rstrip())
 
 
@@ -627,6 +636,8 @@ def test_every_cli_command_has_help(command, in_process):
     pytest.param(["-m", "json"], 2, r"json is a package without a __main__ module", id="package_without_main"),
     pytest.param(["--frobnicate", "train.py"], 2, r"unrecognized arguments: --frobnicate", id="unknown_option"),
     pytest.param(["--cache", "", "train.py"], 2, r"--cache needs a file, a directory or 'default'", id="empty_cache"),
+    pytest.param(["--remote", "http://x", "train.py"], 2, r"--remote: remote store 'http://x': the scheme must be redis",
+                 id="remote_scheme"),
     pytest.param(["--cache", "{fifo}", "train.py"], 1, r"CUDNN_CACHE_PATH='.*fifo': .*fifo is not a regular file",
                  id="fifo_as_cache"),
     pytest.param(["--cache", "{through_a_file}", "train.py"], 1, r"valid.cache is not a directory",

@@ -349,3 +349,13 @@ def test_a_new_machine_with_an_empty_file_starts_from_the_remote_store_without_t
         if not expect_tunes:
             assert hits >= 3  # forward, backward data and backward filter, from the remote's entries
     assert remote.Remote(server.url).pull()[1].entries == 3
+
+
+def test_the_runner_layers_the_remote_under_its_file_for_the_script_and_its_children(child_env, server, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import os, cudnn_cache\nprint(cudnn_cache.remote_url(), os.environ['CUDNN_CACHE_REMOTE'])\n")
+    env = dict(child_env, CUDNN_CACHE_PATH="", CUDNN_CACHE_REMOTE="")
+    done = subprocess.run([sys.executable, "-m", "cudnn_cache.run", "--cache", str(tmp_path / "convs.cache"),
+                           "--remote", server.url, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [server.url, server.url]

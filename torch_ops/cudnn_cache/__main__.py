@@ -10,7 +10,7 @@
     cudnn_cache synth FILE --entries N [--seed S]   a file of N synthetic entries (tests, benchmarks)
     cudnn_cache tune FILE [--max-seconds S] [--device D]
                                           tune FILE's pending keys of this GPU and save them into it
-    cudnn_cache run [--cache PATH] [--no-intercept] train.py|-m MODULE [ARGS...]
+    cudnn_cache run [--cache PATH] [--remote URL] [--no-intercept] train.py|-m MODULE [ARGS...]
                                           a script with the cache (python -m cudnn_cache.run)
     cudnn_cache remote stats URL          what a Redis store holds, per origin (cudnn_cache.remote)
     cudnn_cache remote push FILE URL      merge FILE's entries into the store, each on the server
@@ -179,14 +179,20 @@ def _remote_pull(args) -> int:
 
 
 def _remote_prune(args) -> int:
-    if not args.origin and not args.other_versions:
-        print(f"{program()} remote prune: name what to delete: --origin TAG (see remote stats) or "
-              "--other-versions", file=sys.stderr)
-        return EXIT_USAGE
     _, store = _remote(args)
     deleted = store.prune(args.origin, args.other_versions)
     _print_report(args, f"{store.name}: deleted {deleted} keys", {"url": store.name, "deleted": deleted})
     return EXIT_OK
+
+
+def _redis_url(text: str) -> str:
+    """An argparse type: a Redis URL cudnn_cache can use (remote.check_url)."""
+    from .remote import check_url
+
+    try:
+        return check_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _origin_tag(text: str) -> str:
@@ -294,15 +300,18 @@ def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
         action = actions.add_parser(name, help=help_text)
         if name == "push":
             action.add_argument("file")
-        action.add_argument("url", metavar="URL", help="redis://[[user]:password@]host[:port][/db] or rediss://")
+        action.add_argument("url", metavar="URL", type=_redis_url,
+                            help="redis://[[user]:password@]host[:port][/db] or rediss://")
         if name == "pull":
             action.add_argument("-o", "--output", required=True)
-        if name in ("pull", "prune"):
             action.add_argument("--origin", nargs="+", type=_origin_tag, default=None, metavar="TAG",
-                                help="only these origins (default for pull: every origin)")
+                                help="only these origins (default: every origin; remote stats lists them)")
         if name == "prune":
-            action.add_argument("--other-versions", action="store_true",
-                                help="every key of another version of the file format")
+            what = action.add_mutually_exclusive_group(required=True)
+            what.add_argument("--origin", nargs="+", type=_origin_tag, metavar="TAG",
+                              help="every entry of these origins (remote stats lists them)")
+            what.add_argument("--other-versions", action="store_true",
+                              help="every key of another version of the file format")
         action.add_argument("--timeout", type=_seconds, default=1.0, metavar="S",
                             help="seconds to connect and for each command (default 1)")
         action.add_argument("--json", action="store_true", help="the report as JSON")
@@ -322,11 +331,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser(prog).parse_args(argv)  # exits with 2 on a usage error
     try:
         return args.run(args)
-    except ValueError as error:  # a bad URL or timeout
-        if args.command != "remote":
-            raise
-        print(f"{prog} {args.command}: {error}", file=sys.stderr)
-        return EXIT_USAGE
     except RuntimeError as error:
         from .remote import RemoteError
 

@@ -55,11 +55,11 @@ class RemoteError(RuntimeError):
 def redacted(url: str) -> str:
     """The URL with its password (if any) replaced by ***, for messages and logs."""
     parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
+    credentials, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in credentials:  # no password (a bad port is left for check_url to name)
         return url
-    user = parts.username or ""
-    netloc = f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    user = credentials.split(":", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")  # rediss:// URL query options

@@ -1,13 +1,14 @@
 """python -m cudnn_cache.run: runs an unmodified training script with the persisted cache.
 
-    python -m cudnn_cache.run [--cache PATH] [--no-intercept] train.py [ARGS...]
-    python -m cudnn_cache.run [--cache PATH] [--no-intercept] -m package.module [ARGS...]
+    python -m cudnn_cache.run [--cache PATH] [--remote URL] [--no-intercept] train.py [ARGS...]
+    python -m cudnn_cache.run [--cache PATH] [--remote URL] [--no-intercept] -m package.module [ARGS...]
 
 The cache file loads before the script starts and is saved when the process exits, as CUDNN_CACHE_PATH does
 (--cache sets it; without --cache and without the variable, the default directory
 $XDG_CACHE_HOME/cudnn_cache with one file per GPU and cuDNN identity). PyTorch's own CUDA convolutions run
 through the cache (cudnn_cache.intercept) unless --no-intercept. The script sees its own sys.argv and runs as
 __main__; its exit status is this command's. CUDNN_CACHE_INTERCEPT=0 has the effect of --no-intercept.
+--remote URL layers a Redis store under the file, as CUDNN_CACHE_REMOTE does (cudnn_cache.set_remote).
 """
 
 import argparse
@@ -42,6 +43,8 @@ def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--cache", metavar="PATH",
                         help="the cache file or directory (default: $CUDNN_CACHE_PATH, else 'default')")
+    parser.add_argument("--remote", metavar="URL",
+                        help="a Redis store shared by many machines, under the file (default: $CUDNN_CACHE_REMOTE)")
     parser.add_argument("--no-intercept", action="store_true",
                         help="leave PyTorch's convolutions alone: only converted models use the cache")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
@@ -49,7 +52,7 @@ def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run
     own, rest, index = [], [], 0
     while index < len(argv):
         item = argv[index]
-        if item in ("--cache", "-m") and index + 1 < len(argv):
+        if item in ("--cache", "--remote", "-m") and index + 1 < len(argv):
             own += argv[index:index + 2]
             index += 2
             if item == "-m":
@@ -63,6 +66,13 @@ def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run
             rest = argv[index + 1:]
             break
     args = parser.parse_args(own)
+    if args.remote is not None:
+        from .remote import check_url
+
+        try:
+            check_url(args.remote)
+        except ValueError as error:
+            parser.error(f"--remote: {error}")
     if args.module is None and args.script is None:
         parser.error("name a script to run (train.py ...) or a module (-m package.module ...)")
     if args.module is not None and args.script is not None:
@@ -85,6 +95,11 @@ def main(argv: Optional[List[str]] = None, prog: str = "python -m cudnn_cache.ru
     from cudnn_cache import _activation, _environment
 
     intercepting = not args.no_intercept and _environment.intercept()  # refused before anything is loaded
+    if args.remote is not None:
+        cudnn_cache.set_remote(args.remote)
+        os.environ[_environment.REMOTE] = args.remote  # and the script's child processes
+        if cudnn_cache.active_file() is not None:  # the import loaded the file before the remote was known
+            cudnn_cache.pull_remote()
     value = args.cache or os.environ.get(_activation.ENVIRONMENT) or _activation.DEFAULT
     os.environ[_activation.ENVIRONMENT] = value  # child processes of the script use the same cache
     if cudnn_cache.active_file() is None:  # the import did not activate it (the variable was not set)
