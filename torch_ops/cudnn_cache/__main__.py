@@ -127,62 +127,54 @@ def _tune(args) -> int:
     return EXIT_OK
 
 
-def _remote(args):
-    _ops()  # the ops the store's entries are checked with
-    from . import remote
-
-    return remote, remote.Remote(args.url, timeout=args.timeout)
-
-
-def _print_report(args, text: str, report) -> None:
+def _remote_command(args) -> int:
+    """Runs a `remote` action: each takes the store and the arguments and returns its report, in words and as
+    data (printed as JSON with --json)."""
     import dataclasses
     import json
 
-    if args.json:
-        print(json.dumps(dataclasses.asdict(report) if dataclasses.is_dataclass(report) else report, indent=1))
-    else:
-        print(text)
+    _ops()  # the ops the store's entries are checked with
+    from . import remote
+
+    text, report = args.action_run(remote.Remote(args.url, timeout=args.timeout), args)
+    if dataclasses.is_dataclass(report):
+        report = dataclasses.asdict(report)
+    print(json.dumps(report, indent=1) if args.json else text)
+    return EXIT_OK
 
 
-def _remote_stats(args) -> int:
-    _, store = _remote(args)
+def _remote_stats(store, args):
     held = store.stats()
     lines = [f"{held['url']}: format {held['format_version']}, {len(held['origins'])} origins"]
     for tag, origin in held["origins"].items():
         lines.append(f"  {tag}  {origin['entries']} entries, {origin['bytes']} bytes  {origin['origin']}")
     for version, keys in held["other_versions"].items():
         lines.append(f"  {keys} keys of format {version} (never read by this version; prune --other-versions)")
-    _print_report(args, "\n".join(lines), held)
-    return EXIT_OK
+    return "\n".join(lines), held
 
 
-def _remote_push(args) -> int:
-    _, store = _remote(args)
+def _remote_push(store, args):
     with open(args.file, "rb") as file:
         report = store.push(file.read(), args.file)
-    _print_report(args, f"{args.file} -> {store.name}: {report.entries} entries, {report.stored} stored, "
-                        f"{report.unchanged} unchanged, {report.replaced} replaced a damaged copy, "
-                        f"{report.retries} merged again after another writer, {report.seconds:.2f} s", report)
-    return EXIT_OK
+    return (f"{args.file} -> {store.name}: {report.entries} entries, {report.stored} stored, {report.unchanged} "
+            f"unchanged, {report.replaced} replaced a damaged copy, {report.retries} merged again after another "
+            f"writer, {report.seconds:.2f} s"), report
 
 
-def _remote_pull(args) -> int:
-    remote, store = _remote(args)
+def _remote_pull(store, args):
+    from .remote import _tensor
+
     data, report = store.pull(args.origin)
-    _ops().file_write_checkpoint(args.output, remote._tensor(data))
+    _ops().file_write_checkpoint(args.output, _tensor(data))
     for name, reason in report.refused:
         print(f"left out {name}: {reason}", file=sys.stderr)
-    _print_report(args, f"{store.name} -> {args.output}: {report.entries} entries of {report.origins} origins, "
-                        f"{len(report.refused)} left out, {report.seconds:.2f} s; wrote "
-                        f"{_ops().file_summary(args.output)}", report)
-    return EXIT_OK
+    return (f"{store.name} -> {args.output}: {report.entries} entries of {report.origins} origins, "
+            f"{len(report.refused)} left out, {report.seconds:.2f} s; wrote {_ops().file_summary(args.output)}"), report
 
 
-def _remote_prune(args) -> int:
-    _, store = _remote(args)
+def _remote_prune(store, args):
     deleted = store.prune(args.origin, args.other_versions)
-    _print_report(args, f"{store.name}: deleted {deleted} keys", {"url": store.name, "deleted": deleted})
-    return EXIT_OK
+    return f"{store.name}: deleted {deleted} keys", {"url": store.name, "deleted": deleted}
 
 
 def _redis_url(text: str) -> str:
@@ -315,7 +307,7 @@ def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
         action.add_argument("--timeout", type=_seconds, default=1.0, metavar="S",
                             help="seconds to connect and for each command (default 1)")
         action.add_argument("--json", action="store_true", help="the report as JSON")
-        action.set_defaults(run=run)
+        action.set_defaults(run=_remote_command, action_run=run)
 
     # Parsed by cudnn_cache.run itself (main() hands it everything after "run"); here for --help's list.
     commands.add_parser("run", add_help=False, help="run a script or module with the cache (--help: its options)")
