@@ -359,3 +359,12 @@ def test_the_runner_layers_the_remote_under_its_file_for_the_script_and_its_chil
                            "--remote", server.url, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [server.url, server.url]
+
+
+def test_a_pulled_checkpoint_is_checked_before_it_is_written(tmp_path):
+    target = tmp_path / "pulled.cache"
+    with pytest.raises(RuntimeError, match=r"pulled.cache"):
+        cudnn_cache._ops.file_write_checkpoint(str(target), remote._tensor(b"not a cache file"))
+    with pytest.raises(RuntimeError, match=r"file_write_checkpoint: .*pulled.cache: expected a 1-D uint8 tensor"):
+        cudnn_cache._ops.file_write_checkpoint(str(target), torch.zeros(3, dtype=torch.float32))
+    assert not target.exists()

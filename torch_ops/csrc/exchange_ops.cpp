@@ -95,15 +95,6 @@ std::tuple<std::vector<std::string>, std::vector<std::int64_t>, at::Tensor> inve
   return {std::get<0>(origins.table()), std::get<1>(origins.table()), rows_tensor(values, columns)};
 }
 
-// The bytes of a 1-D uint8 tensor (on any device), checked, as a string; `op` and `source` name them in errors.
-std::string bytes_of(const at::Tensor& data, const char* op, const std::string& source) {
-  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 1, "cudnn_cache.", op, ": ", source,
-              ": expected a 1-D uint8 tensor of checkpoint bytes, got ", data.scalar_type(), " of ", data.dim(),
-              " dimensions");
-  const at::Tensor bytes = data.to(at::kCPU).contiguous();
-  return {static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())};
-}
-
 // Strings end to end in a uint8 tensor, and where each ends.
 std::pair<at::Tensor, std::vector<std::int64_t>> concatenated(const std::vector<std::string>& parts) {
   std::vector<std::int64_t> ends;

@@ -76,10 +76,7 @@ void file_write(const std::string& path, const std::string& content) {
 
 // A cache file's bytes (uint8), checked like a file before anything is written, written atomically.
 void file_write_checkpoint(const std::string& path, const at::Tensor& data) {
-  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 1, "cudnn_cache.file_write_checkpoint: ", path,
-              ": expected a 1-D uint8 tensor of checkpoint bytes");
-  const at::Tensor bytes = data.to(at::kCPU).contiguous();
-  const std::string content(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+  const std::string content = bytes_of(data, "file_write_checkpoint", path);
   rethrow([&] {
     deserialize(content, path);
     write_file_atomically(path, content);

@@ -210,6 +210,14 @@ ConvolutionKey key_from_list(at::IntArrayRef words) {
   return key;
 }
 
+std::string bytes_of(const at::Tensor& data, const char* op, const std::string& source) {
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 1, "cudnn_cache.", op, ": ", source,
+              ": expected a 1-D uint8 tensor of checkpoint bytes, got ", data.scalar_type(), " of ", data.dim(),
+              " dimensions");
+  const at::Tensor bytes = data.to(at::kCPU).contiguous();
+  return {static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())};
+}
+
 Origin origin_from(const std::string& name, at::IntArrayRef numbers, const char* op) {
   TORCH_CHECK(numbers.size() == 5, "cudnn_cache.", op,
               ": an origin is a name and 5 numbers (compute capability "

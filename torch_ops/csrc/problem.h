@@ -126,6 +126,10 @@ ConvolutionKey key_from_list(at::IntArrayRef words);
 // Python passes one; fails naming `op` and what an origin is.
 Origin origin_from(const std::string& name, at::IntArrayRef numbers, const char* op);
 
+// The bytes a 1-D uint8 tensor (on any device) holds, as Python passes a cache file's; fails naming `op` and
+// `source` for anything else.
+std::string bytes_of(const at::Tensor& data, const char* op, const std::string& source);
+
 // The direction named "forward", "backward_data" or "backward_filter".
 Direction direction_from_string(const std::string& name);
 
