@@ -118,9 +118,9 @@ _remote_warned = False
 def set_remote(url: Optional[str], timeout: float = 1.0) -> None:
     """A shared store under the local file (Note [Remote store] in remote.py): a Redis URL,
     redis://[[user]:password@]host[:port][/db] or rediss:// for TLS (?ssl_ca_certs=CA.pem for a private CA;
-    CUDNN_CACHE_REMOTE sets it at start), or
-    None for none. load() then also merges this GPU's entries from it, and save() pushes the file's entries to
-    it, each merged on the server (per candidate the faster measurement wins). A store that cannot be reached
+    CUDNN_CACHE_REMOTE sets it at start), or None for none. load() then also merges this GPU's entries from it,
+    and save() pushes the file's entries to it, each merged on the server (per candidate the faster measurement
+    wins). A store that cannot be reached
     or answers slower than `timeout` seconds costs one warning per process; the local file works as before.
     Nothing is sent until then: a bad URL raises ValueError here, an unreachable server warns at load or save."""
     global _remote, _remote_warned

@@ -103,11 +103,11 @@ def miss_policy() -> Optional[str]:
 
 def remote() -> Optional[str]:
     """CUDNN_CACHE_REMOTE: None when unset or empty, else a Redis URL (remote.check_url's form)."""
-    from .remote import check_url, redacted  # no op is used to check a URL
-
     value = os.environ.get(REMOTE, "")
     if value == "":
         return None
+    from .remote import check_url, redacted  # no op is used to check a URL
+
     try:
         return check_url(value)
     except ValueError as error:
