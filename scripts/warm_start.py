@@ -62,6 +62,8 @@ def parse_shape(text: str):
 
 
 def parse_args(argv):
+    from cudnn_cache.remote import url_argument
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a torchvision model name, e.g. resnet50 (built with random weights)")
@@ -78,19 +80,12 @@ def parse_args(argv):
                              "--pending, FILE itself")
     parser.add_argument("--exhaustive", action="store_true",
                         help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
-    parser.add_argument("--remote", metavar="URL",
+    parser.add_argument("--remote", metavar="URL", type=url_argument,
                         help="a Redis store shared by many machines: redis://[[user]:password@]host[:port][/db] or "
                              "rediss://; its entries of this GPU are merged in, the file's entries pushed to it")
     parser.add_argument("--device", default="cuda",
                         help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
     args = parser.parse_args(argv)
-    if args.remote is not None:
-        from cudnn_cache.remote import check_url
-
-        try:
-            check_url(args.remote)
-        except ValueError as error:
-            parser.error(f"--remote: {error}")
     if args.pending is not None:
         if args.shape or args.batch_size or args.exhaustive or args.channels_last:
             parser.error("--pending tunes the file's own keys: it takes no --shape, --batch-size, --exhaustive or "

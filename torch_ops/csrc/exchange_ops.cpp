@@ -136,24 +136,20 @@ std::string origin_tag(const std::string& name, at::IntArrayRef numbers) {
   return rethrow([&] { return cudnn_cache::origin_tag(origin_from(name, numbers, "origin_tag")); });
 }
 
-// Every entry of the checkpoint in `data` on its own (Note [Entries on a shared store]): each one's name, the
-// index of its origin in the table, the table, and their checkpoints' bytes end to end with where each ends.
-std::tuple<std::vector<std::string>, std::vector<std::int64_t>, std::vector<std::string>, std::vector<std::int64_t>,
-           at::Tensor, std::vector<std::int64_t>>
-split_entries(const at::Tensor& data, const std::string& source) {
+// Every entry of the checkpoint in `data` on its own (Note [Entries on a shared store]): each one's name, its
+// origin in words, and their checkpoints' bytes end to end with where each ends.
+std::tuple<std::vector<std::string>, std::vector<std::string>, at::Tensor, std::vector<std::int64_t>> split_entries(
+    const at::Tensor& data, const std::string& source) {
   const std::string text = bytes_of(data, "split_entries", source);
   return rethrow([&] {
-    std::vector<std::string> names, parts;
-    std::vector<std::int64_t> origin_indices;
-    OriginIndex origins;
+    std::vector<std::string> names, origins, parts;
     for (const SingleEntry& single : cudnn_cache::split_entries(deserialize(text, source))) {
       names.push_back(single.name);
-      origin_indices.push_back(origins(single.origin));
+      origins.push_back(detail::concat(single.origin));
       parts.push_back(serialize(single.checkpoint));
     }
     auto [bytes, ends] = concatenated(parts);
-    return std::make_tuple(names, origin_indices, std::get<0>(origins.table()), std::get<1>(origins.table()), bytes,
-                           ends);
+    return std::make_tuple(names, origins, bytes, ends);
   });
 }
 

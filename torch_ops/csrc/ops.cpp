@@ -73,8 +73,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("export_entries(int[] digests) -> Tensor");
   m.def("import_entries(Tensor data, str source, str? origin_name=None, int[] origin_numbers=[]) -> int");
   m.def("origin_tag(str name, int[] numbers) -> str");
-  m.def("split_entries(Tensor data, str source) -> (str[] names, int[] origin_indices, str[] origin_names, "
-        "int[] origin_numbers, Tensor data, int[] ends)");
+  m.def("split_entries(Tensor data, str source) -> (str[] names, str[] origins, Tensor data, int[] ends)");
   m.def("merge_entries(Tensor data, int[] ends, str[] names, str source) -> (Tensor data, int[] refused, "
         "str[] reasons)");
   m.def("tune_key(int[] key, str backend, int? device=None) -> int");

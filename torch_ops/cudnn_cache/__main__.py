@@ -35,6 +35,7 @@ import sys
 from typing import List, Optional
 
 from . import _cli
+from .remote import url_argument
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE, EXIT_NO_GPU, EXIT_REMOTE = 0, 1, 2, 3, 4, 5
 
@@ -177,16 +178,6 @@ def _remote_prune(store, args):
     return f"{store.name}: deleted {deleted} keys", {"url": store.name, "deleted": deleted}
 
 
-def _redis_url(text: str) -> str:
-    """An argparse type: a Redis URL cudnn_cache can use (remote.check_url)."""
-    from .remote import check_url
-
-    try:
-        return check_url(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def _origin_tag(text: str) -> str:
     """An argparse type: an origin's tag, 16 hex digits (remote stats lists them)."""
     if len(text) != 16 or any(c not in "0123456789abcdef" for c in text):
@@ -292,7 +283,7 @@ def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
         action = actions.add_parser(name, help=help_text)
         if name == "push":
             action.add_argument("file")
-        action.add_argument("url", metavar="URL", type=_redis_url,
+        action.add_argument("url", metavar="URL", type=url_argument,
                             help="redis://[[user]:password@]host[:port][/db] or rediss://")
         if name == "pull":
             action.add_argument("-o", "--output", required=True)

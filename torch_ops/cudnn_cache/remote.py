@@ -101,6 +101,17 @@ def check_url(url: str) -> str:
     return url
 
 
+def url_argument(text: str) -> str:
+    """An argparse type: a URL check_url takes (the CLI's remote commands, --remote of the runner and of
+    scripts/warm_start.py)."""
+    import argparse
+
+    try:
+        return check_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 @dataclasses.dataclass
 class PushReport:
     """What a push did: of `entries` sent, `stored` were new or improved the server's copy, `unchanged` were
@@ -134,18 +145,12 @@ def _bytes(tensor: torch.Tensor) -> bytes:
     return tensor.numpy().tobytes()
 
 
-def describe_origin(name: str, numbers: Iterable[int]) -> str:
-    major, minor, sms, cudnn_major, cudnn_minor = numbers
-    return f"{name} (sm_{major}{minor}, {sms} SMs, cuDNN {cudnn_major}.{cudnn_minor})"
-
-
 def split(data: bytes, source: str) -> List[Tuple[str, str, bytes]]:
     """Every entry of a checkpoint (a cache file's bytes) on its own: (name, its origin in words, bytes)."""
-    names, origin_indices, origin_names, numbers, blob, ends = _ops.split_entries(_tensor(data), source)
-    origins = [describe_origin(name, numbers[5 * i:5 * i + 5]) for i, name in enumerate(origin_names)]
+    names, origins, blob, ends = _ops.split_entries(_tensor(data), source)
     raw, result, begin = _bytes(blob), [], 0
-    for name, index, end in zip(names, origin_indices, ends):
-        result.append((name, origins[index], raw[begin:end]))
+    for name, origin, end in zip(names, origins, ends):
+        result.append((name, origin, raw[begin:end]))
         begin = end
     return result
 

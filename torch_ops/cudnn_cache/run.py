@@ -19,6 +19,7 @@ import sys
 from typing import List, Optional
 
 from . import _cli
+from .remote import url_argument
 
 
 def _module_problem(name: str) -> Optional[str]:
@@ -43,7 +44,7 @@ def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--cache", metavar="PATH",
                         help="the cache file or directory (default: $CUDNN_CACHE_PATH, else 'default')")
-    parser.add_argument("--remote", metavar="URL",
+    parser.add_argument("--remote", metavar="URL", type=url_argument,
                         help="a Redis store shared by many machines, under the file (default: $CUDNN_CACHE_REMOTE)")
     parser.add_argument("--no-intercept", action="store_true",
                         help="leave PyTorch's convolutions alone: only converted models use the cache")
@@ -66,13 +67,6 @@ def parse_args(argv: Optional[List[str]], prog: str = "python -m cudnn_cache.run
             rest = argv[index + 1:]
             break
     args = parser.parse_args(own)
-    if args.remote is not None:
-        from .remote import check_url
-
-        try:
-            check_url(args.remote)
-        except ValueError as error:
-            parser.error(f"--remote: {error}")
     if args.module is None and args.script is None:
         parser.error("name a script to run (train.py ...) or a module (-m package.module ...)")
     if args.module is not None and args.script is not None:
