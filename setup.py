@@ -86,7 +86,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     install_requires=["torch==2.11.0"],
-    extras_require={"remote": ["redis[hiredis]>=5"]},  # the remote store (cudnn_cache.set_remote, `remote` commands)
+    extras_require={"remote": ["hiredis>=2.2.1"]},  # the remote store (cudnn_cache.set_remote, `remote` commands)
     package_dir={"": "torch_ops"},
     packages=["cudnn_cache"],
     ext_modules=[CMakeExtension("cudnn_cache.lib.libcudnn_cache_ops")],

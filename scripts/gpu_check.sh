@@ -25,7 +25,7 @@ step() {  # step NAME COMMAND...: runs COMMAND, logs to $out/NAME.log, prints th
 # machine: $CXX=/opt/gcc/bin/g++) gives the ops library a private copy of iostreams whose locale is never set
 # up, and the first error message it formats crashes the process.
 compiler=${CUDNN_CACHE_CXX:-$(command -v /usr/bin/g++ || command -v g++)}
-# What scripts/fetch_gpu_deps.sh unpacked: redis-server for tests/python/test_remote.py, redis-py's wheels.
+# What scripts/fetch_gpu_deps.sh unpacked: redis-server for tests/python/test_remote.py, hiredis's wheel.
 export PATH="$PWD/.deps/root/usr/bin:$PATH"
 # Debian's redis-server is a link to redis-check-rdb (the binary picks its role by its name): made again here in
 # case the copy to this machine did not keep the link.

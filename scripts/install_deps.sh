@@ -4,7 +4,7 @@
 # (scripts/sanitize.sh, scripts/fuzz.sh) and redis-server (tests/python/test_remote.py starts its own); from PyPI,
 # PyTorch 2.11.0 (which brings the cuDNN the project builds against), the matching torchvision (for the warm
 # start's model names), pytest, numpy, tqdm, expecttest (which PyTorch's test material, op_db and module_db,
-# imports) and redis-py with its hiredis parser (the remote store's client); and
+# imports) and hiredis, Redis's protocol parser (the remote store's client is built on it); and
 # cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only installs
 # what is missing. Last, the cudnn_cache package of this checkout, editable (pip install -e: it builds nothing;
 # the package loads the ops library scripts/build.sh builds into ./build), with the `cudnn_cache` command, so
@@ -26,7 +26,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel" "expecttest" "redis[hiredis]>=5"
+  "torch==2.11.0" "torchvision==0.26.0" "pytest>=7" "numpy" "tqdm" "wheel" "expecttest" "hiredis>=2.2.1"
 "$(dirname "$0")/fetch_cudnn_frontend.sh"
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-build-isolation --no-deps \
   --editable "$(dirname "$0")/.."

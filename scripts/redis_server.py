@@ -88,10 +88,10 @@ class RedisServer:
             self.process.wait()
 
     def client(self):
-        """A redis-py client of it, to look at or damage what it holds."""
-        import redis
+        """A connection to it (cudnn_cache.remote.Connection: call, scan), to look at or damage what it holds."""
+        from cudnn_cache.remote import Connection
 
-        return redis.Redis.from_url(self.url)
+        return Connection(self.url, timeout=30)
 
     def __enter__(self) -> "RedisServer":
         return self

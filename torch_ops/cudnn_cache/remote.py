@@ -28,15 +28,19 @@ push replaces it. A server that is down, slow, restarted or out of memory costs 
 set turn that into one warning and go on with the local file. rediss:// (TLS) takes ?ssl_ca_certs=CA.pem for a
 private CA.
 
-The client is redis-py (PyPI), not hiredis from Debian: Debian 12's hiredis is 0.14, which has no TLS, and
-rediss:// is part of what a fleet needs. So the remote layer is Python's: a LibTorch process uses a file that
-`python -m cudnn_cache remote pull URL -o FILE` wrote.
+The client is this module's `Connection`: Redis's own protocol parser, hiredis (PyPI's hiredis, the Redis
+project's C parser), under a socket, in about a hundred lines. Not redis-py: importing it costs 0.5 s on the GPU
+machine (it imports asyncio, cluster and keyspace-notification support), ten times the whole budget of a warm
+start from the store, for the dozen commands used here. Not Debian's C hiredis in the core: Debian 12's is
+0.14, which has no TLS, and rediss:// is part of what a fleet needs. So the remote layer is Python's: a
+LibTorch process uses a file that `python -m cudnn_cache remote pull URL -o FILE` wrote.
 """
 
 import dataclasses
+import socket
 import time
 import urllib.parse
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -63,6 +67,7 @@ def redacted(url: str) -> str:
 
 
 TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")  # rediss:// URL query options
+_CERT_REQUIREMENTS = ("required", "optional", "none")  # ssl_cert_reqs: how the server's certificate is checked
 
 
 def check_url(url: str) -> str:
@@ -98,16 +103,28 @@ def check_url(url: str) -> str:
         raise ValueError(f"remote store {redacted(url)!r}: takes no query option {', '.join(unknown)}; "
                          + (f"rediss:// takes {', '.join(TLS_OPTIONS)}" if allowed else
                             "TLS options go with rediss://") + f"; the form is {form}")
+    for option, values in options.items():
+        if len(values) > 1:
+            raise ValueError(f"remote store {redacted(url)!r}: {option} is given {len(values)} times; give it once; the form is {form}")
+    requirement = options.get("ssl_cert_reqs", ["required"])[0]
+    if requirement not in _CERT_REQUIREMENTS:
+        raise ValueError(f"remote store {redacted(url)!r}: ssl_cert_reqs must be one of "
+                         f"{', '.join(_CERT_REQUIREMENTS)}, not {requirement!r}; the form is {form}")
+    if "ssl_keyfile" in options and "ssl_certfile" not in options:
+        raise ValueError(f"remote store {redacted(url)!r}: ssl_keyfile goes with ssl_certfile (the client's "
+                         f"certificate); give both; the form is {form}")
     return url
 
 
 def url_argument(text: str) -> str:
-    """An argparse type: a URL check_url takes (the CLI's remote commands, --remote of the runner and of
-    scripts/warm_start.py)."""
+    """An argparse type: a URL check_url takes, with TLS files that can be read (the CLI's remote commands,
+    --remote of the runner and of scripts/warm_start.py)."""
     import argparse
 
     try:
-        return check_url(text)
+        if check_url(text).startswith("rediss:"):
+            _tls_context(text)  # its files too
+        return text
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -166,24 +183,145 @@ def merge(blobs: List[bytes], names: List[str], source: str) -> Tuple[bytes, Lis
     return _bytes(merged), list(zip(refused, reasons))
 
 
-class Remote:
-    """A connection to a Redis server that holds entries (Note [Remote store]). Every command times out after
-    `timeout` seconds (connecting after `connect_timeout`) and raises RemoteError."""
+class ServerError(Exception):
+    """An error reply of the server (OOM, NOAUTH, WRONGPASS, ...), with the server's own text."""
+
+
+def _tls_context(url: str):
+    """The TLS context of a rediss:// URL's options (check_url took them): the server's certificate checked
+    against ssl_ca_certs (default: the system's CAs) and its host name, unless ssl_cert_reqs says otherwise; the
+    client's own certificate from ssl_certfile/ssl_keyfile. A file that cannot be read raises ValueError."""
+    import ssl
+
+    options = {name: values[0] for name, values in
+               urllib.parse.parse_qs(urllib.parse.urlsplit(url).query, keep_blank_values=True).items()}
+    try:
+        context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+        if "ssl_certfile" in options:
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    except (OSError, ssl.SSLError) as error:
+        raise ValueError(f"remote store {redacted(url)!r}: cannot use its TLS files ({error}); ssl_ca_certs, "
+                         f"ssl_certfile and ssl_keyfile name PEM files this process can read") from None
+    requirement = options.get("ssl_cert_reqs", "required")
+    if requirement != "required":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_OPTIONAL if requirement == "optional" else ssl.CERT_NONE
+    return context
+
+
+class Connection:
+    """One connection to the Redis server of a URL check_url takes. Commands are packed and replies parsed by
+    hiredis; `pipeline` sends several in one round trip. It connects on first use (within `connect_timeout`
+    seconds, TLS for rediss://), logs in with the URL's password and selects its database; every exchange
+    gives up after `timeout` seconds (TimeoutError). Any failure closes it and raises (OSError, or ServerError
+    when the login is refused), and the next command connects again. A connection the server closed since its
+    last use (a restart) is opened again once without the caller noticing, unless retry=False: a transaction
+    after WATCH must fail rather than run on a new connection that watches nothing."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_SECONDS, connect_timeout: Optional[float] = None):
         try:
-            import redis
+            import hiredis
         except ImportError:
-            raise ImportError("cudnn_cache's remote store needs redis-py: pip install 'redis[hiredis]>=5' (or install "
-                              "cudnn_cache with the extra: pip install 'cudnn_cache[remote]')") from None
+            raise ImportError("cudnn_cache's remote store needs hiredis (Redis's protocol parser): pip install "
+                              "'hiredis>=2.2.1' (or install cudnn_cache with the extra: pip install "
+                              "'cudnn_cache[remote]')") from None
+        self._hiredis = hiredis
+        parts = urllib.parse.urlsplit(check_url(url))
+        self._address = (parts.hostname, parts.port or 6379)
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout or timeout
+        self._tls = _tls_context(url) if parts.scheme == "rediss" else None
+        self._login: List[tuple] = []
+        if parts.password:
+            password = urllib.parse.unquote(parts.password)
+            user = urllib.parse.unquote(parts.username or "")
+            self._login.append(("AUTH", user, password) if user else ("AUTH", password))
+        if int(parts.path.strip("/") or 0):
+            self._login.append(("SELECT", int(parts.path.strip("/"))))
+        self._socket: Optional[socket.socket] = None
+        self._reader = None
+
+    def call(self, *command, retry: bool = True):
+        """The reply to one command; an error reply raises ServerError."""
+        return self.checked(self.pipeline([command], retry))[0]
+
+    def pipeline(self, commands: Sequence[tuple], retry: bool = True) -> list:
+        """The replies to `commands`, sent in one round trip. Error replies come back as hiredis.ReplyError
+        values, in their place (see checked)."""
+        may_be_stale = retry and self._socket is not None
+        while True:
+            try:
+                if self._socket is None:
+                    self._connect()
+                return self._exchange(commands)
+            except BaseException as error:
+                self.close()
+                if not (may_be_stale and isinstance(error, ConnectionError)):
+                    raise
+                may_be_stale = False  # once, on a new connection
+
+    def checked(self, replies: list) -> list:
+        """`replies`, or ServerError for the first error among them (or among the replies of an EXEC)."""
+        for reply in replies:
+            for part in reply if isinstance(reply, list) else (reply,):
+                if isinstance(part, self._hiredis.ReplyError):
+                    raise ServerError(str(part))
+        return replies
+
+    def scan(self, match: str) -> Iterator[bytes]:
+        """Every key matching the glob `match`, by SCAN (the server never blocks on a long KEYS)."""
+        cursor = b"0"
+        while True:
+            cursor, keys = self.call("SCAN", cursor, "MATCH", match, "COUNT", 1000)
+            yield from keys
+            if cursor == b"0":
+                return
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+        self._socket = self._reader = None
+
+    def _connect(self) -> None:
+        connection = socket.create_connection(self._address, timeout=self._connect_timeout)
+        try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:  # the handshake, within the connect timeout
+                connection = self._tls.wrap_socket(connection, server_hostname=self._address[0])
+            connection.settimeout(self._timeout)
+        except BaseException:
+            connection.close()
+            raise
+        self._socket, self._reader = connection, self._hiredis.Reader()
+        if self._login:
+            self.checked(self._exchange(self._login))
+
+    def _exchange(self, commands: Sequence[tuple]) -> list:
+        self._socket.sendall(b"".join(self._hiredis.pack_command(command) for command in commands))
+        replies: list = []
+        while len(replies) < len(commands):
+            reply = self._reader.gets()
+            if reply is False:  # not a whole reply yet
+                data = self._socket.recv(1 << 20)
+                if not data:
+                    raise ConnectionError("the server closed the connection")
+                self._reader.feed(data)
+            else:
+                replies.append(reply)
+        return replies
+
+
+class Remote:
+    """The entries on a Redis server (Note [Remote store]). Every command times out after `timeout` seconds
+    (connecting after `connect_timeout`) and raises RemoteError."""
+
+    def __init__(self, url: str, timeout: float = TIMEOUT_SECONDS, connect_timeout: Optional[float] = None):
         self.url = check_url(url)
         self.name = redacted(url)
         for label, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"remote store {self.name}: {label} must be a number of seconds > 0, not {value!r}")
-        self._redis = redis
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout,
-                                            socket_connect_timeout=connect_timeout or timeout)
+        self._connection = Connection(url, timeout, connect_timeout)
         self.prefix = f"cudnn_cache:v{_ops.format_version()}"
 
     def _entries_key(self, tag: str) -> str:
@@ -199,19 +337,19 @@ class Remote:
     def _call(self, what: str, function):
         try:
             return function()
-        except self._redis.exceptions.AuthenticationError as error:
-            raise RemoteError(f"remote store {self.name}: authentication failed ({error}) while it {what}; give "
-                              f"the server's password in the URL: redis://:PASSWORD@host:port/db") from None
-        except self._redis.exceptions.TimeoutError as error:
+        except TimeoutError as error:
             raise RemoteError(f"remote store {self.name}: no answer within the timeout while it {what} "
                               f"({error})") from None
-        except self._redis.exceptions.ConnectionError as error:
-            raise RemoteError(f"remote store {self.name}: cannot reach the server while it {what} ({error})") from None
-        except self._redis.exceptions.RedisError as error:  # e.g. OOM when the server is full, READONLY
+        except ServerError as error:  # e.g. OOM when the server is full, READONLY, a refused login
+            if str(error).startswith(("NOAUTH", "WRONGPASS", "ERR invalid password", "ERR AUTH")):
+                raise RemoteError(f"remote store {self.name}: authentication failed ({error}) while it {what}; "
+                                  f"give the server's password in the URL: redis://:PASSWORD@host:port/db") from None
             raise RemoteError(f"remote store {self.name}: the server refused while it {what}: {error}") from None
+        except OSError as error:  # refused, reset, closed, unknown host, TLS
+            raise RemoteError(f"remote store {self.name}: cannot reach the server while it {what} ({error})") from None
 
     def ping(self) -> None:
-        self._call("answered a ping", self._client.ping)
+        self._call("answered a ping", lambda: self._connection.call("PING"))
 
     # -- push ------------------------------------------------------------------------------------------------
     def push(self, data: bytes, source: str) -> PushReport:
@@ -231,43 +369,41 @@ class Remote:
         return report
 
     def _merge_one(self, name: str, origin: str, blob: bytes, report: PushReport) -> None:
+        # Two round trips: WATCH with the read, then the transaction, which the server drops (EXEC answers nil)
+        # when another writer wrote the key since the WATCH; then it is read and merged again.
         key = self._entry_key(name)
         tag = name.split(":", 1)[0]
-        entries_key = self._entries_key(tag)
+        connection = self._connection
         for _ in range(_WRITE_ATTEMPTS):
-            with self._client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(key)
-                    held = pipe.get(key)
-                    replaced = False
-                    if held is None:
-                        new = blob
-                    else:
-                        new, refused = merge([held, blob], [name, name], f"remote store {self.name}")
-                        if refused:  # the server's copy failed the checks (ours was checked by split)
-                            new, replaced = blob, True
-                    if new == held:
-                        pipe.unwatch()
-                        report.unchanged += 1
-                        return
-                    pipe.multi()
-                    pipe.set(key, new)
-                    pipe.sadd(entries_key, name)
-                    pipe.hset(self._origins_key, tag, origin)
-                    pipe.execute()
-                    report.stored += 1
-                    report.replaced += replaced
-                    return
-                except self._redis.exceptions.WatchError:
-                    report.retries += 1
+            _, held = connection.checked(connection.pipeline([("WATCH", key), ("GET", key)]))
+            replaced = False
+            if held is None:
+                new = blob
+            else:
+                new, refused = merge([held, blob], [name, name], f"remote store {self.name}")
+                if refused:  # the server's copy failed the checks (ours was checked by split)
+                    new, replaced = blob, True
+            if new == held:
+                connection.call("UNWATCH")
+                report.unchanged += 1
+                return
+            written = connection.checked(connection.pipeline(
+                [("MULTI",), ("SET", key, new), ("SADD", self._entries_key(tag), name),
+                 ("HSET", self._origins_key, tag, origin), ("EXEC",)], retry=False))
+            if written[-1] is not None:
+                report.stored += 1
+                report.replaced += replaced
+                return
+            report.retries += 1
         raise RemoteError(f"remote store {self.name}: {name} kept changing under {_WRITE_ATTEMPTS} attempts to "
                           f"merge into it; push again")
 
     # -- pull ------------------------------------------------------------------------------------------------
     def origins(self) -> Dict[str, str]:
         """The origins the server holds entries of: tag -> the origin in words."""
-        held = self._call("listed origins", lambda: self._client.hgetall(self._origins_key))
-        return {tag.decode(): origin.decode(errors="replace") for tag, origin in sorted(held.items())}
+        held = self._call("listed origins", lambda: self._connection.call("HGETALL", self._origins_key))
+        pairs = zip(held[0::2], held[1::2])
+        return {tag.decode(): origin.decode(errors="replace") for tag, origin in sorted(pairs)}
 
     def pull(self, origins: Optional[Iterable[str]] = None) -> Tuple[bytes, PullReport]:
         """A checkpoint (a cache file's bytes) of every entry the server holds of these origins (tags; default:
@@ -275,8 +411,7 @@ class Remote:
         started = time.perf_counter()
         tags = sorted(self.origins()) if origins is None else sorted(set(origins))
         names: List[str] = []
-        for tag in tags:
-            members = self._call("listed entries", lambda: self._client.smembers(self._entries_key(tag)))
+        for members in self._call("listed entries", lambda: self._members(tags)):
             names += sorted(member.decode(errors="replace") for member in members)
         blobs = self._call("read entries", lambda: self._mget([self._entry_key(name) for name in names]))
         present = [(name, blob) for name, blob in zip(names, blobs) if blob is not None]  # pruned meanwhile
@@ -287,11 +422,18 @@ class Remote:
         report.seconds = time.perf_counter() - started
         return data, report
 
+    def _members(self, tags: List[str]) -> List[List[bytes]]:
+        """The entry names of each origin in `tags`, in one round trip."""
+        if not tags:
+            return []
+        return self._connection.checked(self._connection.pipeline([("SMEMBERS", self._entries_key(t)) for t in tags]))
+
     def _mget(self, keys: List[str]) -> List[Optional[bytes]]:
-        values: List[Optional[bytes]] = []
-        for begin in range(0, len(keys), _CHUNK):
-            values += self._client.mget(keys[begin:begin + _CHUNK])
-        return values
+        """The values of `keys` (None where there is none), in one round trip of MGETs of at most _CHUNK keys."""
+        if not keys:
+            return []
+        chunks = [("MGET", *keys[begin:begin + _CHUNK]) for begin in range(0, len(keys), _CHUNK)]
+        return [value for reply in self._connection.checked(self._connection.pipeline(chunks)) for value in reply]
 
     # -- inspect and prune -----------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -300,15 +442,13 @@ class Remote:
         def count() -> dict:
             result = {"url": self.name, "format_version": int(_ops.format_version()), "origins": {},
                       "other_versions": {}}
-            for tag, origin in self.origins().items():
-                names = [self._entry_key(m.decode()) for m in self._client.smembers(self._entries_key(tag))]
-                pipe = self._client.pipeline(transaction=False)
-                for key in names:
-                    pipe.strlen(key)
-                sizes = pipe.execute()
+            origins = self.origins()
+            for (tag, origin), members in zip(origins.items(), self._members(list(origins))):
+                sizes = self._connection.checked(self._connection.pipeline(
+                    [("STRLEN", self._entry_key(member.decode())) for member in members])) if members else []
                 result["origins"][tag] = {"origin": origin, "entries": sum(size > 0 for size in sizes),
                                           "bytes": sum(sizes)}
-            for key in self._client.scan_iter(match="cudnn_cache:v*", count=1000):
+            for key in self._connection.scan("cudnn_cache:v*"):
                 version = key.decode(errors="replace").split(":", 2)[1]
                 if version != self.prefix.split(":")[1]:
                     result["other_versions"][version] = result["other_versions"].get(version, 0) + 1
@@ -318,20 +458,20 @@ class Remote:
     def prune(self, origins: Optional[Iterable[str]] = None, other_versions: bool = False) -> int:
         """Deletes every entry of these origins (tags) and, with other_versions, every key of another version
         of the format; returns the keys deleted."""
+        def delete_all(keys: List) -> int:  # names (str) or keys as the server gave them (bytes)
+            chunks = [("DEL", *keys[begin:begin + _CHUNK]) for begin in range(0, len(keys), _CHUNK)]
+            return sum(self._connection.checked(self._connection.pipeline(chunks))) if chunks else 0
+
         def delete() -> int:
             deleted = 0
-            for tag in sorted(set(origins or ())):
-                entries_key = self._entries_key(tag)
-                keys = [self._entry_key(m.decode()) for m in self._client.smembers(entries_key)]
-                for begin in range(0, len(keys), _CHUNK):
-                    deleted += self._client.delete(*keys[begin:begin + _CHUNK])
-                deleted += self._client.delete(entries_key)
-                self._client.hdel(self._origins_key, tag)
+            tags = sorted(set(origins or ()))
+            for tag, members in zip(tags, self._members(tags)):
+                deleted += delete_all([self._entry_key(member.decode()) for member in members])
+                deleted += delete_all([self._entries_key(tag)])
+                self._connection.call("HDEL", self._origins_key, tag)
             if other_versions:
-                own = self.prefix + ":"
-                stale = [k for k in self._client.scan_iter(match="cudnn_cache:v*", count=1000)
-                         if not k.decode(errors="replace").startswith(own)]
-                for begin in range(0, len(stale), _CHUNK):
-                    deleted += self._client.delete(*stale[begin:begin + _CHUNK])
+                own = (self.prefix + ":").encode()
+                deleted += delete_all([key for key in self._connection.scan("cudnn_cache:v*")
+                                       if not key.startswith(own)])
             return deleted
         return self._call("deleted entries", delete)
