@@ -225,6 +225,13 @@ class EngineSearch {
       // A substitute timed meanwhile may have had this name.
       if (plan.index >= 0 && names_.insert(plans.names[position]).second) time_built(plan);
     }
+    // Native benchmark=True times the first cudnn.benchmark_limit (options_.max_candidates, 10) of these and
+    // runs the fastest: the first pass's fastest of them stands for its pick.
+    const std::size_t native_ten = std::min<std::size_t>(timed(), static_cast<std::size_t>(
+                                                                      std::max(options_.max_candidates, 1)));
+    for (std::size_t i = 1; i < native_ten; ++i) {
+      if (configs_[i].time_ms < configs_[benchmark_pick_].time_ms) benchmark_pick_ = i;
+    }
   }
 
   // The plans of step 1 in the search's graph.
@@ -266,30 +273,37 @@ class EngineSearch {
     return true;
   }
 
-  // Times the fastest `count` configs and the first one timed (heuristics' first pick, which native
-  // benchmark=False runs) again, together: `repetitions` interleaved rounds, so drift in clocks or temperature
+  // Times the fastest `count` configs and native's two picks (the first one timed, which benchmark=False runs,
+  // and benchmark mode's) again, together: `repetitions` interleaved rounds, so drift in clocks or temperature
   // affects each alike, and as many again (up to three times in all) while a challenger is faster in the median
-  // but not yet shown faster. A config that wins the first pass by less than the noise of one measurement won
-  // it by luck as often as not; the paired rounds decide, and a challenger leads native's pick only where they
-  // show it faster (Note [Never slower than native's pick]). Without memory for the largest workspace, or if a
-  // finalist fails to run now, the first timings stand.
+  // than the faster of native's picks but not yet shown faster. A config that wins the first pass by less than
+  // the noise of one measurement won it by luck as often as not; the paired rounds decide, and a challenger
+  // leads native's picks only where they show it faster (Note [Never slower than native's pick]). Without
+  // memory for the largest workspace, or if a finalist fails to run now, the first timings stand.
   void confirm(int count) {
     std::vector<std::size_t> finalists = order();
     finalists.resize(std::min<std::size_t>(finalists.size(), static_cast<std::size_t>(std::max(count, 0))));
-    if (!finalists.empty() && std::find(finalists.begin(), finalists.end(), 0) == finalists.end()) {
-      finalists.push_back(0);
+    for (std::size_t native : {std::size_t{0}, benchmark_pick_}) {
+      if (!finalists.empty() && std::find(finalists.begin(), finalists.end(), native) == finalists.end()) {
+        finalists.push_back(native);
+      }
     }
     if (finalists.size() < 2) return;
     std::uint64_t bytes = 0;
     for (std::size_t i : finalists) bytes = std::max(bytes, configs_[i].workspace_bytes);
     const std::optional<Workspace> workspace = workspace_for(allocate_, bytes);
     if (!workspace) return;
-    const std::size_t native = static_cast<std::size_t>(std::find(finalists.begin(), finalists.end(), 0) -
-                                                        finalists.begin());
+    const auto position = [&](std::size_t config) {
+      return static_cast<std::size_t>(std::find(finalists.begin(), finalists.end(), config) - finalists.begin());
+    };
+    const std::size_t heuristic = position(0), benchmark = position(benchmark_pick_);
     const int per_pass = std::max(options_.repetitions, 1);
     std::vector<std::vector<float>> times(finalists.size());
     for (int round = 0; round < 3 * per_pass; ++round) {
-      if (round > 0 && round % per_pass == 0 && !challenger_undecided(times, native)) break;
+      if (round > 0 && round % per_pass == 0 &&
+          !challenger_undecided(times, native_reference(times, heuristic, benchmark))) {
+        break;
+      }
       for (std::size_t f = 0; f < finalists.size(); ++f) {
         const BuiltPlan& plan = plans_[finalists[f]];
         const std::vector<float> run = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index,
@@ -298,7 +312,7 @@ class EngineSearch {
         times[f].push_back(run.front());
       }
     }
-    settle_against_native(configs_, 0, finalists, times);
+    settle_against_native(configs_, finalists[native_reference(times, heuristic, benchmark)], finalists, times);
   }
 
   // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the plan of each.
@@ -334,6 +348,7 @@ class EngineSearch {
   std::set<std::string> names_;  // of the plans timed: the heuristic lists overlap
   std::vector<EngineCandidate> configs_;
   std::vector<BuiltPlan> plans_;  // of configs_
+  std::size_t benchmark_pick_ = 0;  // in configs_: native benchmark mode's pick (time_heuristics)
   float best_ms_ = std::numeric_limits<float>::infinity();
 };
 

@@ -46,6 +46,14 @@ std::vector<float> round_ratios(const std::vector<std::vector<float>>& rounds, s
 
 }  // namespace
 
+std::size_t native_reference(const std::vector<std::vector<float>>& rounds, std::size_t heuristic,
+                             std::size_t benchmark) {
+  CUDNN_CACHE_REQUIRE(heuristic < rounds.size() && benchmark < rounds.size(), "native_reference: native's picks at ",
+                      heuristic, " and ", benchmark, " of ", rounds.size(), " finalists");
+  if (benchmark == heuristic || rounds[benchmark].empty()) return heuristic;
+  return graph_internal::median(round_ratios(rounds, benchmark, heuristic)) < 1.0f ? benchmark : heuristic;
+}
+
 bool challenger_undecided(const std::vector<std::vector<float>>& rounds, std::size_t native) {
   for (std::size_t f = 0; f < rounds.size(); ++f) {
     if (f == native || rounds[f].empty()) continue;

@@ -261,10 +261,11 @@ def set_tuning_options(**options) -> None:
     - max_candidates (10): configs of cuDNN's heuristics (mode A, then the fallback list) built and timed;
     - mode_b_candidates (3): then heuristics mode B's first picks; knob_variants (4): then the best config so
       far with one knob moved to a neighbouring value;
-    - finalists (3): then the fastest this many and heuristics' first pick are timed again, together in
-      interleaved rounds, and that decides: a challenger leads heuristics' first pick (native's choice) only
-      if those rounds show it faster (a sign test: with 7 repetitions, faster in every round); 0 keeps the
-      first timings, without that guarantee;
+    - finalists (3): then the fastest this many and native's two picks (heuristics' first, and benchmark
+      mode's: the fastest of the first max_candidates) are timed again, together in interleaved rounds, and
+      that decides: the faster of native's picks in the median is the reference, and a challenger leads it
+      only if those rounds show it faster (a sign test: with 7 repetitions, faster in every round); 0 keeps
+      the first timings, without that guarantee;
     - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
     - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best;
     - build_threads (0): threads that build the heuristics' candidates (cuDNN compiles some engines at run

@@ -34,12 +34,13 @@
 //      from cuDNN; nearest values first, `knob_variants` of them). Heuristics give each engine one knob
 //      setting; this bounded local search finds the tile or split a shape prefers. Runtime-compiled engines
 //      are skipped: every variant would be another compilation;
-//   4. the fastest `finalists` so far and heuristics' first pick (the config native benchmark=False runs),
-//      timed again together in `repetitions` interleaved rounds, and their medians replace the first ones.
+//   4. the fastest `finalists` so far and native's two picks (heuristics' first, which benchmark=False runs,
+//      and the fastest of step 1's first ten, standing for benchmark mode's), timed again together in
+//      `repetitions` interleaved rounds, and their medians replace the first ones.
 //      Many configs lie within a few per cent of each other, and the fastest of a dozen medians taken one
 //      after another is the luckiest as often as the best: a paired second measurement removes that bias,
-//      the way audit_engine_choice measures. A challenger ranks before heuristics' first pick only where the
-//      rounds show it faster (Note [Never slower than native's pick], paired_timing.h); the rest go behind it.
+//      the way audit_engine_choice measures. A challenger ranks before the faster of native's picks only where
+//      the rounds show it faster (Note [Never slower than native's pick], paired_timing.h); the rest go behind it.
 //
 // Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs,
 // then the median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing

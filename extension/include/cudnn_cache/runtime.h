@@ -200,7 +200,7 @@ struct GraphSearchOptions {
   int max_candidates = 10;     // configs of heuristics mode A and the fallback list built and timed, in order
   int mode_b_candidates = 3;   // then heuristics mode B's first picks, where they are not among those
   int knob_variants = 4;       // then the best so far with one knob moved to a neighbouring value
-  int finalists = 3;           // then the fastest this many, and heuristics' first pick, timed again together
+  int finalists = 3;           // then the fastest this many and native's two picks, timed again together
   bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
   float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
