@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
-#include <sched.h>
 #include <optional>
 #include <set>
 #include <string>
@@ -184,13 +183,6 @@ Bounds bounds_of(const GraphSearchOptions& options) {
   return {options.max_candidates, options.mode_b_candidates, options.knob_variants, 2, options.finalists};
 }
 
-// The threads a search builds plans on, for build_threads 0: the cores this process may run on.
-int automatic_build_threads() {
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 // A search's state: the graph whose plans are timed, and what has been timed so far.
 class EngineSearch {
  public:
@@ -366,7 +358,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
   const HeuristicPlans plans = search.heuristic_plans();
-  const int threads = options.build_threads > 0 ? options.build_threads : automatic_build_threads();
+  const int threads = options.build_threads > 0 ? options.build_threads : usable_cores();
   AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans,
                        std::min(threads, bounds.heuristic) - 1);
   search.time_heuristics(builder, plans, bounds.heuristic);

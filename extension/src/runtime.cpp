@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <sched.h>
+
 #include "backends.h"
 #include "cudnn_cache/error.h"
 #include "elapsed.h"
@@ -28,6 +30,12 @@ std::string within_workspace_limit(std::uint64_t limit) {
   if (limit == Runtime::kNoWorkspaceLimit) return {};
   return detail::concat(" within the workspace limit of ", limit,
                         " bytes; raise the limit (cudnn_cache.set_workspace_limit) or remove it");
+}
+
+int usable_cores() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 namespace {
@@ -526,7 +534,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
   });
   PrepareReport report;
   report.entries = work.size();
-  if (threads <= 0) threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  if (threads <= 0) threads = std::min(usable_cores(), 8);
   threads = static_cast<int>(std::min<std::size_t>(threads, work.size()));
 
   const std::uint64_t limit = workspace_limit();

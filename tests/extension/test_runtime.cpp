@@ -2,6 +2,8 @@
 // tests/gpu/ runs convolutions through it.
 
 #include <catch2/catch.hpp>
+#include <sched.h>
+
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -25,6 +27,22 @@ TEST_CASE("miss policies and backends round-trip through their names, and others
   CHECK_THROWS_WITH(backend_from_string("v7"), Contains("use 'graph' or 'legacy'"));
   CHECK(graph_backend_available());  // cuDNN 9
   CHECK(Runtime::instance().backend() == Backend::graph);
+}
+
+TEST_CASE("usable cores follow the process's CPU affinity, as taskset or a container's CPU set narrows it",
+          "[runtime]") {
+  cpu_set_t all;
+  REQUIRE(sched_getaffinity(0, sizeof(all), &all) == 0);
+  CHECK(usable_cores() == CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);  // this thread only
+  const int narrowed = usable_cores();
+  REQUIRE(sched_setaffinity(0, sizeof(all), &all) == 0);
+  CHECK(narrowed == 1);
 }
 
 TEST_CASE("log levels parse, gate messages, and reach the handler", "[runtime][log]") {

@@ -219,6 +219,10 @@ struct GraphSearchOptions {
 // fix); "" for no limit (the largest value).
 std::string within_workspace_limit(std::uint64_t limit);
 
+// The cores this process may run on (its CPU affinity, which taskset and container CPU sets narrow), at least
+// 1: what "0 threads" means for a search's plan builds and for prepare().
+int usable_cores();
+
 class PlanCache;
 class InFlight;
 
@@ -316,7 +320,7 @@ class Runtime {
 
   // Puts a plan for every graph-API entry of CUDA device `device` into the plan cache, so first calls build
   // nothing: the plan of the first engine config of its ranking that cuDNN builds (a refusal is remembered
-  // and its call falls back at once). Builds on `threads` threads (0: one per core, at most 8), each with
+  // and its call falls back at once). Builds on `threads` threads (0: usable_cores(), at most 8), each with
   // its own cuDNN handle; the plan cache is shared, so calls may run meanwhile. Throws Error if no cuDNN
   // handle can be made for the device.
   PrepareReport prepare(int device, int threads = 0);
