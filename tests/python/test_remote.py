@@ -94,6 +94,15 @@ def test_over_tls_a_pushed_file_comes_back_and_an_unknown_ca_is_refused(cli, syn
         assert plain.returncode == 5
 
 
+def test_the_urls_database_holds_the_entries_and_others_stay_empty(synth, server):
+    source = synth("a.cache", 12)
+    numbered = server.url.rsplit("/", 1)[0] + "/3"
+    assert remote.Remote(numbered).push(source.read_bytes(), str(source)).stored == 12
+    assert remote.Remote(numbered).pull()[1].entries == 12
+    assert remote.Remote(server.url).pull()[1].entries == 0  # database 0
+    assert server.client().call("DBSIZE") == 0
+
+
 def test_pushes_merge_on_the_server_as_the_merge_command_merges(cli, synth, server, tmp_path):
     first = synth("first.cache", 200, seed=3)
     # The same keys, half of them measured faster, half slower; and entries of another seed.
