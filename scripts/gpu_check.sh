@@ -25,7 +25,8 @@ step() {  # step NAME COMMAND...: runs COMMAND, logs to $out/NAME.log, prints th
 # machine: $CXX=/opt/gcc/bin/g++) gives the ops library a private copy of iostreams whose locale is never set
 # up, and the first error message it formats crashes the process.
 compiler=${CUDNN_CACHE_CXX:-$(command -v /usr/bin/g++ || command -v g++)}
-# What scripts/fetch_gpu_deps.sh unpacked: redis-server for tests/python/test_remote.py, hiredis's wheel.
+# What scripts/fetch_gpu_deps.sh unpacked: redis-server for tests/python/test_remote.py, and the wheels of
+# hiredis (the remote store), expecttest (PyTorch's test material imports it) and tqdm.
 export PATH="$PWD/.deps/root/usr/bin:$PATH"
 # Debian's redis-server is a link to redis-check-rdb (the binary picks its role by its name): made again here in
 # case the copy to this machine did not keep the link.
@@ -47,9 +48,18 @@ build() {
 }
 step build build || exit 1
 step ctest ctest --test-dir build --output-on-failure --parallel 8
-# PYTEST_ARGS narrows the run, e.g. PYTEST_ARGS="-m gpu -x" (default: every test, verbose, with skip reasons).
-# shellcheck disable=SC2086
-step pytest python3 -m pytest tests/python ${PYTEST_ARGS:--v -rs}
+# The GPU tests (the CPU ones are CI's; a Python process that imports torch takes ~5 s on the GPU machine, so
+# they cost there far more than here) in two processes at once: PyTorch's own convolution tests, and the rest.
+# PYTEST_ARGS runs one pytest of tests/python with those arguments instead, e.g. PYTEST_ARGS="-v -rs" for all.
+if [ -n "${PYTEST_ARGS:-}" ]; then
+  # shellcheck disable=SC2086
+  step pytest python3 -m pytest tests/python $PYTEST_ARGS
+else
+  step pytest-pytorch python3 -m pytest tests/python/test_pytorch_convolution_gpu.py -m gpu -q -rfs &
+  pytorch_tests=$!
+  step pytest-rest python3 -m pytest tests/python -m gpu -q -rfs --ignore tests/python/test_pytorch_convolution_gpu.py
+  wait "$pytorch_tests" || status=1  # a step in the background sets its own shell's status, not this one's
+fi
 for extra in "$@"; do  # further steps, each a shell command: e.g. a benchmark
   step "extra-$(echo "$extra" | tr -c 'a-zA-Z0-9' '_' | cut -c1-40)" bash -c "$extra"
 done
