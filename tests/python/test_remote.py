@@ -326,7 +326,8 @@ def test_bad_urls_are_refused_naming_the_form(url, message, cli):
 def test_setting_and_pulling_a_remote_imports_nothing_but_hiredis_beyond_the_standard_library(child_env, server):
     # A warm start from the store has 50 ms (issue 18): redis-py's import alone took 0.5 s on the GPU machine.
     code = ("import sys, cudnn_cache\nbefore = set(sys.modules)\ncudnn_cache.set_remote(sys.argv[1])\n"
-            "cudnn_cache.remote.Remote(sys.argv[1]).pull()\nnew = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+            "cudnn_cache.remote.Remote(sys.argv[1]).pull()\n"
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
             "print(' '.join(sorted(new - set(sys.stdlib_module_names))))")
     done = subprocess.run([sys.executable, "-c", code, server.url], env=child_env, capture_output=True, text=True,
                           timeout=120)

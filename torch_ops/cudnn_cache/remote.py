@@ -105,7 +105,8 @@ def check_url(url: str) -> str:
                             "TLS options go with rediss://") + f"; the form is {form}")
     for option, values in options.items():
         if len(values) > 1:
-            raise ValueError(f"remote store {redacted(url)!r}: {option} is given {len(values)} times; give it once; the form is {form}")
+            raise ValueError(f"remote store {redacted(url)!r}: {option} is given {len(values)} times; give it once; "
+                             f"the form is {form}")
     requirement = options.get("ssl_cert_reqs", ["required"])[0]
     if requirement not in _CERT_REQUIREMENTS:
         raise ValueError(f"remote store {redacted(url)!r}: ssl_cert_reqs must be one of "
