@@ -49,16 +49,23 @@ build() {
 step build build || exit 1
 step ctest ctest --test-dir build --output-on-failure --parallel 8
 # The GPU tests (the CPU ones are CI's; a Python process that imports torch takes ~5 s on the GPU machine, so
-# they cost there far more than here) in two processes at once: PyTorch's own convolution tests, and the rest.
-# PYTEST_ARGS runs one pytest of tests/python with those arguments instead, e.g. PYTEST_ARGS="-v -rs" for all.
+# they cost there far more than here), split into GPU_SHARDS processes that run at once (--shard, conftest.py):
+# one after another they take ~10 minutes there, more than one call to the machine may run. PYTEST_ARGS runs one
+# pytest of tests/python with those arguments instead, e.g. PYTEST_ARGS="-v -rs" for all.
 if [ -n "${PYTEST_ARGS:-}" ]; then
   # shellcheck disable=SC2086
   step pytest python3 -m pytest tests/python $PYTEST_ARGS
 else
-  step pytest-pytorch python3 -m pytest tests/python/test_pytorch_convolution_gpu.py -m gpu -q -rfs &
-  pytorch_tests=$!
-  step pytest-rest python3 -m pytest tests/python -m gpu -q -rfs --ignore tests/python/test_pytorch_convolution_gpu.py
-  wait "$pytorch_tests" || status=1  # a step in the background sets its own shell's status, not this one's
+  shards=${GPU_SHARDS:-4}
+  pids=()
+  for ((shard = 0; shard < shards; shard++)); do
+    step "pytest-$shard-of-$shards" python3 -m pytest tests/python -m gpu -q -rfs -p no:cacheprovider \
+      --shard "$shard/$shards" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || status=1  # a step in the background sets its own shell's status, not this one's
+  done
 fi
 for extra in "$@"; do  # further steps, each a shell command: e.g. a benchmark
   step "extra-$(echo "$extra" | tr -c 'a-zA-Z0-9' '_' | cut -c1-40)" bash -c "$extra"

@@ -19,7 +19,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where torch.cuda.is_available() is False)")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", metavar="I/N", default=None,
+                     help="run only the I-th of N shards of the collected tests (0 <= I < N), every N-th test from the "
+                          "I-th: N processes with 0/N ... N-1/N run each test once (scripts/gpu_check.sh)")
+
+
+def shard_of(value: str):
+    """(I, N) from --shard's 'I/N'; a pytest.UsageError that names the option and the fix for anything else."""
+    index, _, count = value.partition("/")
+    if index.isdigit() and count.isdigit() and int(index) < int(count):
+        return int(index), int(count)
+    raise pytest.UsageError(f"--shard {value!r}: expected I/N with 0 <= I < N, e.g. --shard 0/4 ... --shard 3/4")
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("shard"):
+        index, count = shard_of(config.getoption("shard"))
+        config.hook.pytest_deselected(items=[item for position, item in enumerate(items) if position % count != index])
+        items[:] = items[index::count]
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
