@@ -429,12 +429,14 @@ class Remote:
             return []
         return self._connection.checked(self._connection.pipeline([("SMEMBERS", self._entries_key(t)) for t in tags]))
 
+    def _over_keys(self, command: str, keys: list) -> list:
+        """`command` over `keys` in one round trip, as commands of at most _CHUNK keys each: their replies."""
+        chunks = [(command, *keys[begin:begin + _CHUNK]) for begin in range(0, len(keys), _CHUNK)]
+        return self._connection.checked(self._connection.pipeline(chunks)) if chunks else []
+
     def _mget(self, keys: List[str]) -> List[Optional[bytes]]:
-        """The values of `keys` (None where there is none), in one round trip of MGETs of at most _CHUNK keys."""
-        if not keys:
-            return []
-        chunks = [("MGET", *keys[begin:begin + _CHUNK]) for begin in range(0, len(keys), _CHUNK)]
-        return [value for reply in self._connection.checked(self._connection.pipeline(chunks)) for value in reply]
+        """The values of `keys` (None where there is none), in one round trip."""
+        return [value for reply in self._over_keys("MGET", keys) for value in reply]
 
     # -- inspect and prune -----------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -460,8 +462,7 @@ class Remote:
         """Deletes every entry of these origins (tags) and, with other_versions, every key of another version
         of the format; returns the keys deleted."""
         def delete_all(keys: List) -> int:  # names (str) or keys as the server gave them (bytes)
-            chunks = [("DEL", *keys[begin:begin + _CHUNK]) for begin in range(0, len(keys), _CHUNK)]
-            return sum(self._connection.checked(self._connection.pipeline(chunks))) if chunks else 0
+            return sum(self._over_keys("DEL", keys))
 
         def delete() -> int:
             deleted = 0

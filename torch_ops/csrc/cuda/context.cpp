@@ -9,9 +9,6 @@
 #include <vector>
 
 namespace cudnn_cache::torch_ops {
-namespace {
-
-}  // namespace
 
 Workspace allocate_workspace(std::size_t bytes) {
   try {
