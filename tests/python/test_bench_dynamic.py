@@ -59,6 +59,29 @@ def test_the_targets_are_judged_from_the_cases():
     assert "| cache_nearest, lent (epoch 2) | | | 1.100" in table
 
 
+def test_native_benchmark_in_another_process_is_reported_beside_the_targets_not_as_one():
+    shapes = 6
+    samples = lambda ms: {"gpu_samples_ms": [ms - 0.001, ms, ms + 0.001]}  # noqa: E731
+    benchmark = case("native_benchmark", 20.0, 1.6, [1.0] * shapes)
+    again = case("native_benchmark_again", 21.0, 1.6, [1.0] * (shapes - 1) + [1.005])
+    for row, ms in zip(benchmark["steady"] + again["steady"], [1.0] * (2 * shapes - 1) + [1.005]):
+        row.update(samples(ms))
+    table, targets = bench_dynamic.report([benchmark, again], {"date": "2026-12-02", "device": "GPU",
+                                                               "torch": "2.11", "cudnn": 91900})
+    reference = {t["target"]: t for t in targets["audio"] if t["verdict"] == "not a target"}
+    worst = reference["for reference, native_benchmark in another process: worst shape / native_benchmark's"]
+    assert worst["value"] == pytest.approx(1.005) and worst["limit"] is None
+    slower = reference["for reference, native_benchmark in another process: shapes slower in every profiled step"]
+    assert slower["value"] == 1
+    assert "| native_benchmark_again | 21.00 / 1.60 |" in table
+    assert "| for reference, native_benchmark in another process: worst shape / native_benchmark's | 1.005 | - | " \
+           "not a target |" in table
+    # Without the second process, no reference rows.
+    _, targets = bench_dynamic.report([benchmark], {"date": "2026-12-02", "device": "GPU", "torch": "2.11",
+                                                    "cudnn": 91900})
+    assert not [t for t in targets["audio"] if t["verdict"] == "not a target"]
+
+
 def test_a_failed_or_missing_case_leaves_its_targets_unjudged(tmp_path):
     results = [case("native_heuristic", 2.0, 1.9, [1.2] * 6),
                {"workload": "audio", "mode": "native_benchmark", "error": "Traceback\nRuntimeError: boom\n"}]
