@@ -52,6 +52,16 @@ void key_from_descriptors(benchmark::State& state) {
 }
 BENCHMARK(key_from_descriptors);
 
+// What the legacy backend makes from the key on every call before cuDNN runs: its four descriptors.
+void descriptors_from_key(benchmark::State& state) {
+  const ConvolutionKey key = resnet_key();
+  for (auto _ : state) {
+    const ConvolutionDescriptors descriptors(key);
+    benchmark::DoNotOptimize(descriptors.convolution.get());
+  }
+}
+BENCHMARK(descriptors_from_key);
+
 // The forward caches (legacy and graph API) of 10k synthetic entries, plus a key each holds.
 struct FilledCache {
   CacheStore store;
