@@ -19,6 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGETS = {
     "key_from_values": ("key from plain values", 200.0, "ns"),
     "key_from_descriptors": ("key decoded from descriptors", None, "ns"),
+    "descriptors_from_key": ("the legacy backend's four descriptors made from a key (each call)", None, "ns"),
     "cache_find_hit": ("cache find, hit (10k entries)", 100.0, "ns"),
     "graph_cache_find_hit": ("graph-API cache find, hit (10k entries)", 100.0, "ns"),
     "cache_find_miss": ("cache find, miss (10k entries)", 100.0, "ns"),
