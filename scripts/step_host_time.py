@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Host time of a whole training step: natively and through the cache on each backend, interleaved in one
+process, with the GPU idle at the step's start and with a long kernel queued first.
+
+A host-bound step (its wall time above its GPU time) costs what its host work costs, so a cache that adds host
+time per call loses on the wall clock there even where its kernels are faster. This times that host work
+alone: from the step's start to its return, without synchronizing inside (zero_grad, forward,
+loss = output.float().sum(), backward, as in scripts/bench.py). 'busy' queues a kernel of --busy-ms first, so
+that every launch of the step waits in the queue behind it and nothing the host does can wait for the GPU;
+'idle' starts from an empty queue. The ways, in a rotating order per round (bench_cases.in_turn), each warmed up
+by two steps first:
+
+    native   PyTorch's own convolutions, cudnn.benchmark=False
+    graph    the same model under cudnn_cache.intercept(), graph-API backend (the default)
+    legacy   the same under intercept, legacy backend (cudnnConvolution*; what deterministic calls run)
+
+Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
+and state it prints the host time per step, median [95%], and the median of its per-round ratios to native's
+[95%]; --profile adds each way's self CPU time per step by operator and CUDA runtime call (torch.profiler).
+
+    python3 scripts/step_host_time.py --workload resnet18_fp16_cl --rounds 30
+    python3 scripts/step_host_time.py --workload resnet50_fp32 --profile --json /tmp/step_host_time.json
+
+Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code (idle only) as a smoke test.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from collections import defaultdict
+from typing import Callable, Dict, List
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
+
+from bench_cases import WORKLOADS, device_of, in_turn, initialise_libraries, model_and_input  # noqa: E402
+from bench_stats import median_interval  # noqa: E402
+
+WAYS = ("native", "graph", "legacy")
+PROFILED = 3  # steps per way and state with --profile
+SHOWN = 25  # rows of the --profile table
+
+
+def use(cache, way: str) -> None:
+    """Routes the model's convolutions the way `way` says."""
+    torch.backends.cudnn.benchmark = False
+    cache.intercept(way != "native")
+    if way != "native":
+        cache.set_backend(way)
+
+
+def queue_kernel(device: torch.device, milliseconds: float) -> None:
+    """A kernel that keeps the GPU busy for about `milliseconds` (torch.cuda._sleep counts clock cycles)."""
+    clock_khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 1_980_000)
+    torch.cuda._sleep(int(milliseconds * clock_khz))
+
+
+def host_ms(step: Callable[[], None], device: torch.device, busy_ms: float) -> float:
+    """The host time of one step, from an empty queue, or behind a kernel of busy_ms when it is above 0."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        if busy_ms > 0:
+            queue_kernel(device, busy_ms)
+    started = time.perf_counter()
+    step()
+    elapsed = time.perf_counter() - started
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 1e3 * elapsed
+
+
+def self_cpu_us(step: Callable[[], None], device: torch.device, busy_ms: float) -> Dict[str, Dict[str, float]]:
+    """Per operator and CUDA runtime call: calls and self CPU microseconds per step (mean of PROFILED steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    totals: Dict[str, Dict[str, float]] = defaultdict(lambda: {"calls": 0.0, "us": 0.0})
+    for _ in range(PROFILED):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            if busy_ms > 0:
+                queue_kernel(device, busy_ms)
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        for event in profiler.key_averages():
+            totals[event.key]["calls"] += event.count / PROFILED
+            totals[event.key]["us"] += event.self_cpu_time_total / PROFILED
+    return dict(totals)
+
+
+def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, profile: bool) -> dict:
+    import cudnn_cache as cache
+
+    initialise_libraries(device, cache)
+    model, x, _ = model_and_input(WORKLOADS[workload], device, cache, convert=False)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+
+    cache.set_miss_policy("tune")
+    for way in WAYS[1:]:
+        use(cache, way)
+        step()
+    cache.set_miss_policy("error")  # a convolution the tuning missed fails loudly instead of tuning in a round
+    states = {"idle": 0.0, "busy": busy_ms} if device.type == "cuda" else {"idle": 0.0}
+    times: Dict[str, Dict[str, List[float]]] = {state: {way: [] for way in WAYS} for state in states}
+    for round_index in range(rounds):
+        for way in in_turn(list(WAYS), round_index):
+            use(cache, way)
+            step()
+            step()
+            for state, queued in states.items():
+                times[state][way].append(host_ms(step, device, queued))
+    rows = []
+    for state in states:
+        native = times[state]["native"]
+        for way in WAYS:
+            ratios = [mine / theirs for mine, theirs in zip(times[state][way], native)]
+            rows.append({"state": state, "way": way, "host_ms": median_interval(times[state][way]),
+                         "ratio_to_native": median_interval(ratios)})
+    result = {"workload": workload, "device": str(device), "rounds": rounds, "busy_ms": busy_ms, "rows": rows}
+    if profile:
+        result["self_cpu_us"] = {state: {} for state in states}
+        for state, queued in states.items():
+            for way in WAYS:
+                use(cache, way)
+                step()
+                result["self_cpu_us"][state][way] = self_cpu_us(step, device, queued)
+    use(cache, "native")
+    return result
+
+
+def table(result: dict) -> str:
+    def figure(value: Dict[str, float], digits: int) -> str:
+        return f"{value['median']:.{digits}f} [{value['lo']:.{digits}f}, {value['hi']:.{digits}f}]"
+
+    lines = ["| state | way | host ms per step, median [95%] | ÷ native, median of per-round ratios [95%] |",
+             "|---|---|---|---|"]
+    lines += [f"| {row['state']} | {row['way']} | {figure(row['host_ms'], 3)} | {figure(row['ratio_to_native'], 3)} |"
+              for row in result["rows"]]
+    none = {"calls": 0.0, "us": 0.0}
+    for state, ways in result.get("self_cpu_us", {}).items():
+        def difference(name: str) -> float:  # the most any way's self time differs from native's
+            return max(abs(ways[way].get(name, none)["us"] - ways["native"].get(name, none)["us"]) for way in WAYS)
+
+        lines += ["", f"Self CPU us per step ({state}), calls in brackets; the {SHOWN} rows that differ most from "
+                      "native's:", "", "| operator or call | " + " | ".join(WAYS) + " |", "|---|" + "---|" * len(WAYS)]
+        for name in sorted(set().union(*ways.values()), key=difference, reverse=True)[:SHOWN]:
+            cells = [f"{ways[way].get(name, none)['us']:.1f} ({ways[way].get(name, none)['calls']:.0f})" for way in WAYS]
+            lines.append(f"| {name[:70]} | " + " | ".join(cells) + " |")
+        lines.append("| total | " + " | ".join(f"{sum(v['us'] for v in ways[way].values()):.0f}" for way in WAYS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="seed",
+                        help="a workload of scripts/bench.py (default seed)")
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds (default 30; at least 6)")
+    parser.add_argument("--busy-ms", type=float, default=60.0,
+                        help="the kernel queued before a 'busy' step, in ms (default 60: longer than any bench step's "
+                             "host time)")
+    parser.add_argument("--profile", action="store_true", help="also each way's self CPU time per operator")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if args.busy_ms <= 0:
+        parser.error("--busy-ms must be > 0: it is how long the GPU is kept busy before a 'busy' step")
+    device = device_of(parser, args, "step_host_time")
+    if device is None:
+        return 2
+    result = measure(args.workload, device, args.rounds, args.busy_ms, args.profile)
+    print(f"{WORKLOADS[args.workload].label}: {args.rounds} rounds, {device}\n")
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
