@@ -395,8 +395,9 @@ def summarize(cases: Dict[str, dict]) -> Tuple[List[str], List[dict]]:
     # process (native_benchmark_again in the module's docstring).
     again = ratios(cases.get("native_benchmark_again", {}), benchmark, "gpu_ms")
     if again:
-        targets.append({"target": "for reference, native_benchmark in another process: worst shape / native_benchmark's",
-                        "value": max(again), "limit": None, "verdict": "not a target"})
+        targets.append({"target": "for reference, native_benchmark in another process: worst shape / "
+                                  "native_benchmark's", "value": max(again), "limit": None,
+                        "verdict": "not a target"})
         targets.append({"target": "for reference, native_benchmark in another process: shapes slower in every "
                                   "profiled step", "value": shown_slower(cases["native_benchmark_again"], benchmark),
                         "limit": None, "verdict": "not a target"})

@@ -152,9 +152,11 @@ def table(result: dict) -> str:
         lines += ["", f"Self CPU us per step ({state}), calls in brackets; the {SHOWN} rows that differ most from "
                       "native's:", "", "| operator or call | " + " | ".join(WAYS) + " |", "|---|" + "---|" * len(WAYS)]
         for name in sorted(set().union(*ways.values()), key=difference, reverse=True)[:SHOWN]:
-            cells = [f"{ways[way].get(name, none)['us']:.1f} ({ways[way].get(name, none)['calls']:.0f})" for way in WAYS]
+            cells = [f"{ways[way].get(name, none)['us']:.1f} ({ways[way].get(name, none)['calls']:.0f})"
+                     for way in WAYS]
             lines.append(f"| {name[:70]} | " + " | ".join(cells) + " |")
-        lines.append("| total | " + " | ".join(f"{sum(v['us'] for v in ways[way].values()):.0f}" for way in WAYS) + " |")
+        totals = [f"{sum(figures['us'] for figures in ways[way].values()):.0f}" for way in WAYS]
+        lines.append("| total | " + " | ".join(totals) + " |")
     return "\n".join(lines)
 
 
