@@ -37,7 +37,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import WORKLOADS, device_of, in_turn, initialise_libraries, model_and_input  # noqa: E402
+from bench_cases import (WORKLOADS, device_of, in_turn, initialise_libraries, model_and_input,  # noqa: E402
+                         profile_each_step)
 from bench_stats import median_interval  # noqa: E402
 
 WAYS = ("native", "graph", "legacy")
@@ -74,22 +75,24 @@ def host_ms(step: Callable[[], None], device: torch.device, busy_ms: float) -> f
 
 
 def self_cpu_us(step: Callable[[], None], device: torch.device, busy_ms: float) -> Dict[str, Dict[str, float]]:
-    """Per operator and CUDA runtime call: calls and self CPU microseconds per step (mean of PROFILED steps)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Per operator and CUDA runtime call: calls and self CPU microseconds per step (mean of PROFILED steps, each
+    profiled on its own by bench_cases.profile_each_step; when busy, each step queues its kernel first, and that
+    launch is counted with the step's, alike in every way)."""
+    from torch.profiler import ProfilerActivity
 
+    def queued_step() -> None:
+        if device.type == "cuda" and busy_ms > 0:
+            queue_kernel(device, busy_ms)
+        step()
+
+    per_step = profile_each_step(queued_step, device, PROFILED, [ProfilerActivity.CPU], lambda profiler: [
+        (event.key, event.count, event.self_cpu_time_total) for event in profiler.key_averages()
+        if not event.key.startswith("ProfilerStep")])  # the schedule's own record of each step
     totals: Dict[str, Dict[str, float]] = defaultdict(lambda: {"calls": 0.0, "us": 0.0})
-    for _ in range(PROFILED):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            if busy_ms > 0:
-                queue_kernel(device, busy_ms)
-        with profile(activities=[ProfilerActivity.CPU]) as profiler:
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        for event in profiler.key_averages():
-            totals[event.key]["calls"] += event.count / PROFILED
-            totals[event.key]["us"] += event.self_cpu_time_total / PROFILED
+    for events in per_step:
+        for name, calls, us in events:
+            totals[name]["calls"] += calls / PROFILED
+            totals[name]["us"] += us / PROFILED
     return dict(totals)
 
 
