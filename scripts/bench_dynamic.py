@@ -374,9 +374,9 @@ def summarize(cases: Dict[str, dict]) -> Tuple[List[str], List[dict]]:
                         f"{spread(ratios(case, heuristic, 'gpu_ms', 'steady_lent'))} | "
                         f"{spread(ratios(case, benchmark, 'wall_ms', 'steady_lent'))} | the borrowed choices |")
 
-    def target(name: str, value: Optional[float], limit: float) -> None:
-        targets.append({"target": name, "value": value, "limit": limit,
-                        "verdict": "-" if value is None else ("met" if value <= limit else "MISSED")})
+    def target(name: str, value: Optional[float], limit: Optional[float]) -> None:  # limit None: for reference
+        verdict = "not a target" if limit is None else "-" if value is None else "met" if value <= limit else "MISSED"
+        targets.append({"target": name, "value": value, "limit": limit, "verdict": verdict})
 
     nearest, following = cases.get("cache_nearest", {}), cases.get("cache_next", {})
     first = lambda case: case["epoch1"]["total_s"] if "epoch1" in case else None  # noqa: E731
@@ -395,12 +395,10 @@ def summarize(cases: Dict[str, dict]) -> Tuple[List[str], List[dict]]:
     # process (native_benchmark_again in the module's docstring).
     again = ratios(cases.get("native_benchmark_again", {}), benchmark, "gpu_ms")
     if again:
-        targets.append({"target": "for reference, native_benchmark in another process: worst shape / "
-                                  "native_benchmark's", "value": max(again), "limit": None,
-                        "verdict": "not a target"})
-        targets.append({"target": "for reference, native_benchmark in another process: shapes slower in every "
-                                  "profiled step", "value": shown_slower(cases["native_benchmark_again"], benchmark),
-                        "limit": None, "verdict": "not a target"})
+        target("for reference, native_benchmark in another process: worst shape / native_benchmark's", max(again),
+               None)
+        target("for reference, native_benchmark in another process: shapes slower in every profiled step",
+               shown_slower(cases["native_benchmark_again"], benchmark), None)
     return rows, targets
 
 
