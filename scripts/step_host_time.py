@@ -12,7 +12,10 @@ by two steps first:
 
     native   PyTorch's own convolutions, cudnn.benchmark=False
     graph    the same model under cudnn_cache.intercept(), graph-API backend (the default)
-    legacy   the same under intercept, legacy backend (cudnnConvolution*; what deterministic calls run)
+    legacy   the same under intercept, legacy backend (cudnnConvolution*)
+
+--deterministic runs every way under torch.use_deterministic_algorithms(True): native's deterministic engines
+against the cache's deterministic configs (Note [Deterministic calls] in extension/include/cudnn_cache/runtime.h).
 
 Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
 and state it prints the host time per step, median [95%], and the median of its per-round ratios to native's
@@ -20,6 +23,7 @@ and state it prints the host time per step, median [95%], and the median of its 
 
     python3 scripts/step_host_time.py --workload resnet18_fp16_cl --rounds 30
     python3 scripts/step_host_time.py --workload resnet50_fp32 --profile --json /tmp/step_host_time.json
+    python3 scripts/step_host_time.py --workload resnet18_fp16_cl --deterministic
 
 Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code (idle only) as a smoke test.
 """
@@ -96,10 +100,12 @@ def self_cpu_us(step: Callable[[], None], device: torch.device, busy_ms: float) 
     return dict(totals)
 
 
-def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, profile: bool) -> dict:
+def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, profile: bool,
+            deterministic: bool = False) -> dict:
     import cudnn_cache as cache
 
     initialise_libraries(device, cache)
+    torch.use_deterministic_algorithms(deterministic)
     model, x, _ = model_and_input(WORKLOADS[workload], device, cache, convert=False)
 
     def step() -> None:
@@ -127,7 +133,8 @@ def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, pr
             ratios = [mine / theirs for mine, theirs in zip(times[state][way], native)]
             rows.append({"state": state, "way": way, "host_ms": median_interval(times[state][way]),
                          "ratio_to_native": median_interval(ratios)})
-    result = {"workload": workload, "device": str(device), "rounds": rounds, "busy_ms": busy_ms, "rows": rows}
+    result = {"workload": workload, "device": str(device), "rounds": rounds, "busy_ms": busy_ms,
+              "deterministic": deterministic, "rows": rows}
     if profile:
         result["self_cpu_us"] = {state: {} for state in states}
         for state, queued in states.items():
@@ -172,6 +179,8 @@ def main(argv=None) -> int:
                         help="the kernel queued before a 'busy' step, in ms (default 60: longer than any bench step's "
                              "host time)")
     parser.add_argument("--profile", action="store_true", help="also each way's self CPU time per operator")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="every way under torch.use_deterministic_algorithms(True)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -180,8 +189,9 @@ def main(argv=None) -> int:
     device = device_of(parser, args, "step_host_time")
     if device is None:
         return 2
-    result = measure(args.workload, device, args.rounds, args.busy_ms, args.profile)
-    print(f"{WORKLOADS[args.workload].label}: {args.rounds} rounds, {device}\n")
+    result = measure(args.workload, device, args.rounds, args.busy_ms, args.profile, args.deterministic)
+    print(f"{WORKLOADS[args.workload].label}: {args.rounds} rounds, {device}"
+          f"{', deterministic' if args.deterministic else ''}\n")
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -20,7 +20,7 @@ def test_reports_each_way_against_native_paired_per_round_with_a_profile(tmp_pat
     done = run("--workload", "seed", "--rounds", "6", "--profile", "--json", output)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(output.read_text())
-    assert result["workload"] == "seed" and result["rounds"] == 6
+    assert result["workload"] == "seed" and result["rounds"] == 6 and result["deterministic"] is False
     assert [(row["state"], row["way"]) for row in result["rows"]] == [("idle", way) for way in ("native", "graph",
                                                                                                  "legacy")]
     for row in result["rows"]:
@@ -33,6 +33,15 @@ def test_reports_each_way_against_native_paired_per_round_with_a_profile(tmp_pat
     assert set(profile) == {"native", "graph", "legacy"}
     assert all(profile[way]["aten::convolution"]["calls"] == 2 for way in profile)  # the seed model's two convs
     assert "| idle | native | " in done.stdout and "Self CPU us per step (idle)" in done.stdout
+
+
+def test_deterministic_runs_every_way_under_deterministic_algorithms(tmp_path):
+    output = tmp_path / "step_host_time.json"
+    done = run("--workload", "seed", "--rounds", "6", "--deterministic", "--json", output)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(output.read_text())
+    assert result["deterministic"] is True and len(result["rows"]) == 3
+    assert "6 rounds, cpu, deterministic" in done.stdout
 
 
 def test_refuses_too_few_rounds_and_a_kernel_of_no_length():
