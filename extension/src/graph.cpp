@@ -16,6 +16,8 @@ namespace cudnn_cache {
 namespace graph_internal {
 
 static_assert(EngineCandidate::kRuntimeCompiled == 1 << static_cast<int>(fe::BehaviorNote_t::RUNTIME_COMPILATION));
+static_assert(EngineCandidate::kNondeterministic == 1 << static_cast<int>(fe::NumericalNote_t::NONDETERMINISTIC));
+static_assert(static_cast<int>(fe::NumericalNote_t::STRICT_NAN_PROP) < 31, "numerical notes are bits of an int32");
 using fe::graph::Tensor_attributes;
 
 // Fixed uids: the variant pack does not depend on the direction.
@@ -221,6 +223,7 @@ std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, s
   if (graph.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
     for (fe::BehaviorNote_t note : notes) config->behavior_notes |= 1 << static_cast<int>(note);
   }
+  config->numerical_notes = graph.numerical_notes_at(index);
   return config;
 }
 

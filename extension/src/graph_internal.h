@@ -20,7 +20,24 @@
 namespace cudnn_cache::graph_internal {
 
 namespace fe = cudnn_frontend;
-using fe::graph::Graph;
+
+// cudnn-frontend's graph, with what it reads of each plan's engine but hands out only for behavior notes:
+// the numerical notes (EngineCandidate::numerical_notes).
+class Graph : public fe::graph::Graph {
+ public:
+  // The numerical notes of the engine of the plan at `index`, as EngineCandidate::numerical_notes holds them;
+  // kNotesUnknown if cudnn-frontend has none for that index.
+  std::int32_t numerical_notes_at(std::int64_t index) const {
+    if (index < 0 || static_cast<std::size_t>(index) >= plans.numeric_notes.size()) {
+      return EngineCandidate::kNotesUnknown;
+    }
+    std::int32_t bits = 0;
+    for (const fe::NumericalNote_t note : plans.numeric_notes[static_cast<std::size_t>(index)]) {
+      if (note != fe::NumericalNote_t::NOT_SET) bits |= 1 << static_cast<int>(note);
+    }
+    return bits;
+  }
+};
 
 // The variant pack of a direction's buffers: their pointers in the order of their uids, which is how
 // cudnn-frontend's execute takes them without a map per call (fixed uids: it does not depend on the direction).

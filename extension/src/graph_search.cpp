@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cudnn_cache/error.h"
@@ -226,6 +227,26 @@ class EngineSearch {
     }
   }
 
+  // Native's deterministic pick, heuristics' first deterministic config that builds, unless it was tried in
+  // step 1 (Note [Deterministic calls] in runtime.h): so that a deterministic call finds a deterministic config
+  // at least as fast as native's in every ranking.
+  // Then native's two deterministic picks among the configs timed so far: heuristics' first deterministic one
+  // (the first timed, as they are timed in heuristics' order) and the fastest deterministic one, standing for
+  // benchmark mode's (Note [Never slower than native's pick]).
+  void time_deterministic_pick(const HeuristicPlans& plans) {
+    for (std::size_t position = 0; position < plans.indices.size(); ++position) {
+      EngineCandidate notes;
+      notes.numerical_notes = graph_->numerical_notes_at(plans.indices[position]);
+      if (!notes.deterministic()) continue;
+      if (names_.count(plans.names[position]) != 0 || time(plans.indices[position])) break;
+    }
+    for (std::size_t i = 0; i < configs_.size(); ++i) {
+      if (!configs_[i].deterministic()) continue;
+      if (!deterministic_picks_) deterministic_picks_ = {i, i};
+      if (configs_[i].time_ms < configs_[deterministic_picks_->second].time_ms) deterministic_picks_->second = i;
+    }
+  }
+
   // The plans of step 1 in the search's graph.
   HeuristicPlans heuristic_plans() const {
     HeuristicPlans plans;
@@ -273,9 +294,16 @@ class EngineSearch {
   // leads native's picks only where they show it faster (Note [Never slower than native's pick]). Without
   // memory for the largest workspace, or if a finalist fails to run now, the first timings stand.
   void confirm(int count) {
-    std::vector<std::size_t> finalists = order();
+    const std::vector<std::size_t> ranked = order();
+    std::vector<std::size_t> finalists = ranked;
     finalists.resize(std::min<std::size_t>(finalists.size(), static_cast<std::size_t>(std::max(count, 0))));
-    for (std::size_t native : {std::size_t{0}, benchmark_pick_}) {
+    std::vector<std::size_t> natives{0, benchmark_pick_};
+    if (deterministic_picks_) {  // and the fastest deterministic config, their challenger
+      natives.insert(natives.end(), {deterministic_picks_->first, deterministic_picks_->second});
+      natives.push_back(*std::find_if(ranked.begin(), ranked.end(),
+                                      [&](std::size_t i) { return configs_[i].deterministic(); }));
+    }
+    for (std::size_t native : natives) {
       if (!finalists.empty() && std::find(finalists.begin(), finalists.end(), native) == finalists.end()) {
         finalists.push_back(native);
       }
@@ -305,6 +333,12 @@ class EngineSearch {
       }
     }
     settle_against_native(configs_, finalists[native_reference(times, heuristic, benchmark)], finalists, times);
+    if (deterministic_picks_) {
+      settle_deterministic(configs_,
+                           native_reference(times, position(deterministic_picks_->first),
+                                            position(deterministic_picks_->second)),
+                           finalists, times);
+    }
   }
 
   // The timed configs, fastest first (Note [Selection, merge and fallback policy]), and the plan of each.
@@ -341,6 +375,9 @@ class EngineSearch {
   std::vector<EngineCandidate> configs_;
   std::vector<BuiltPlan> plans_;  // of configs_
   std::size_t benchmark_pick_ = 0;  // in configs_: native benchmark mode's pick (time_heuristics)
+  // In configs_: native's deterministic picks, heuristics' and benchmark mode's (time_deterministic_pick); none
+  // when no deterministic config was timed.
+  std::optional<std::pair<std::size_t, std::size_t>> deterministic_picks_;
   float best_ms_ = std::numeric_limits<float>::infinity();
 };
 
@@ -363,6 +400,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                        std::min(threads, bounds.heuristic) - 1);
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
+  search.time_deterministic_pick(plans);
   // 2. Mode B's first picks, where they are not among those.
   for (const EngineCandidate& config : mode_b_configs(handle, key, bounds.mode_b)) {
     const std::int64_t index = add_plan(graph, config);

@@ -114,4 +114,24 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
   }
 }
 
+void settle_deterministic(std::vector<EngineCandidate>& configs, std::size_t reference,
+                          const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds) {
+  CUDNN_CACHE_REQUIRE(finalists.size() == rounds.size() && reference < rounds.size(), "settle_deterministic: ",
+                      finalists.size(), " finalists for ", rounds.size(), " rounds, the reference at ", reference);
+  const EngineCandidate& native = configs[finalists[reference]];
+  CUDNN_CACHE_REQUIRE(native.deterministic(), "settle_deterministic: the reference is not deterministic");
+  const float native_ms = native.time_ms;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    EngineCandidate& config = configs[i];
+    if (i == finalists[reference] || !config.deterministic() || !ranks_before<GraphForwardTraits>(config, native)) {
+      continue;
+    }
+    const auto finalist = std::find(finalists.begin(), finalists.end(), i);
+    const bool shown_faster =
+        finalist != finalists.end() &&
+        median_below_one(round_ratios(rounds, static_cast<std::size_t>(finalist - finalists.begin()), reference));
+    if (!shown_faster) config.time_ms = just_after(native_ms);
+  }
+}
+
 }  // namespace cudnn_cache

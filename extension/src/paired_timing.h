@@ -36,6 +36,15 @@
 // ratio to the reference (the paired estimate, below the reference's time); another challenger shown faster gets
 // the later of its own estimate and one step behind the leader's; one not shown faster (the other native pick
 // among them) gets the later of its own median and one step behind the reference's.
+//
+// A deterministic call runs the first deterministic config of the ranking (Note [Deterministic calls] in
+// runtime.h), so the same holds among deterministic configs against native's deterministic picks: heuristics'
+// first deterministic config (what native runs when deterministic) and the fastest deterministic one of the first
+// pass (standing for benchmark mode's). The search times them and the fastest deterministic config in the rounds
+// too, and settle_deterministic then lets a deterministic config rank before the faster of those two (the
+// deterministic reference) only where the rounds show it faster than that one; the rest go one step behind it.
+// Settling only moves deterministic configs back, so it never makes a non-deterministic call's choice one the
+// first settling did not show at least as fast.
 
 #include <cstddef>
 #include <vector>
@@ -64,5 +73,11 @@ bool challenger_undecided(const std::vector<std::vector<float>>& rounds, std::si
 // rounds[f][r] is finalist f's time in round r. See the Note.
 void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t native,
                            const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds);
+
+// After settle_against_native: moves every deterministic config ranked before the finalist at `reference`
+// (positions in rounds; a deterministic config, native's deterministic reference) one float step behind it,
+// unless it is a finalist the rounds show faster than that one. See the Note.
+void settle_deterministic(std::vector<EngineCandidate>& configs, std::size_t reference,
+                          const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds);
 
 }  // namespace cudnn_cache

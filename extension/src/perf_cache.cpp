@@ -41,6 +41,10 @@ std::string to_string(const EngineCandidate& candidate) {
     text += " as heuristics' config #" + std::to_string(candidate.heuristic_index);
   }
   if (candidate.behavior_notes & EngineCandidate::kRuntimeCompiled) text += " runtime-compiled";
+  if (candidate.numerical_notes != EngineCandidate::kNotesUnknown &&
+      (candidate.numerical_notes & EngineCandidate::kNondeterministic)) {
+    text += " nondeterministic";
+  }
   return text;
 }
 

@@ -59,17 +59,17 @@ std::string none_eligible(const Constraints& constraints) {
          within_workspace_limit(constraints.workspace_limit);
 }
 
+// Whether cuDNN reports the candidate deterministic (Note [Deterministic calls]).
+bool deterministic(const EngineCandidate& candidate) { return candidate.deterministic(); }
+template <typename Traits>
+bool deterministic(const Candidate<Traits>& candidate) { return candidate.determinism == CUDNN_DETERMINISTIC; }
+
 // Whether a call may run the candidate: it ran when measured, its workspace is within the limit, and it is
-// deterministic when that is asked for. (Stored engine configs carry no determinism note; deterministic calls
-// never walk them.)
+// deterministic when that is asked for.
 template <typename Candidate>
 bool eligible(const Candidate& candidate, const Constraints& constraints) {
   if (!candidate.succeeded() || candidate.workspace_bytes > constraints.workspace_limit) return false;
-  if constexpr (std::is_same_v<Candidate, EngineCandidate>) {
-    return true;
-  } else {
-    return !constraints.deterministic || candidate.determinism == CUDNN_DETERMINISTIC;
-  }
+  return !constraints.deterministic || deterministic(candidate);
 }
 
 // The allocator a call under a workspace limit uses: it refuses more than the limit, so that no call exceeds it
@@ -256,14 +256,15 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
   check(options.build_threads >= 0, "build_threads", options.build_threads, ">= 0 (0: the cores this process may use)");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
-  // Every config a search times must fit in the ranking it stores: these, and heuristics' first pick. An
-  // exhaustive search keeps the fastest that fit, native's pick among them (Note [Exhaustive search]).
+  // Every config a search times must fit in the ranking it stores: these, heuristics' first pick and native's
+  // deterministic pick (Note [Deterministic calls]). An exhaustive search keeps the fastest that fit, native's
+  // pick among them (Note [Exhaustive search]).
   const double timed = options.exhaustive ? 0.0
                                           : static_cast<double>(options.max_candidates) + options.mode_b_candidates +
                                                 options.knob_variants;
-  check(timed + 1 <= kMaxEngineConfigs, "max_candidates + mode_b_candidates + knob_variants", timed,
-        detail::concat("at most ", kMaxEngineConfigs - 1, " (a ranking keeps ", kMaxEngineConfigs,
-                       " engine configs, heuristics' first pick among them)")
+  check(timed + 2 <= kMaxEngineConfigs, "max_candidates + mode_b_candidates + knob_variants", timed,
+        detail::concat("at most ", kMaxEngineConfigs - 2, " (a ranking keeps ", kMaxEngineConfigs,
+                       " engine configs, heuristics' first pick and its first deterministic one among them)")
             .c_str());
   std::lock_guard lock(mutex_);
   search_options_ = options;
@@ -362,16 +363,19 @@ template <typename Traits>
 void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                   const WorkspaceAllocator& allocate, bool deterministic) {
   using Legacy = LegacyTraits<Traits::direction>;
-  if constexpr (is_graph<Traits>) {
-    // Stored engine configs carry no determinism note, so deterministic calls take the legacy path.
-    if (deterministic) return run<Legacy>(handle, device, key, buffers, allocate, true);
-  }
   DirectionCaches& caches = caches_for_device(device);
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
   const Found<Traits> found = lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate);
   const Constraints constraints{deterministic, workspace_limit()};
   const BoundedAllocator bounded(allocate, constraints.workspace_limit);
   std::string why_not;  // why the cached candidates did not run, when they did not
+  if constexpr (is_graph<Traits>) {  // Note [Deterministic calls]
+    if (deterministic && found.ranking &&
+        std::none_of(found.ranking->begin(), found.ranking->end(),
+                     [](const EngineCandidate& config) { return config.deterministic(); })) {
+      return run<Legacy>(handle, device, key, buffers, allocate, true);
+    }
+  }
   if (found.ranking) {
     Walk walked = walk(backend, *found.ranking, !found.lent, buffers, bounded.get(), constraints);
     if (walked.ran && (walked.why_not.empty() || found.lent)) return;

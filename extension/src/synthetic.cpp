@@ -107,6 +107,7 @@ Ranking<Traits> random_engine_ranking(std::mt19937_64& random) {
     if (std::uniform_int_distribution<int>(0, 3)(random) == 0) candidate.behavior_notes = EngineCandidate::kRuntimeCompiled;
     // Some are positions in heuristics' list; derived, not drawn, so that the rest of the stream is unchanged.
     if (candidate.engine_id % 5 == 0) candidate.heuristic_index = static_cast<std::int32_t>(candidate.engine_id % 13);
+    candidate.numerical_notes = candidate.engine_id % 3 == 0 ? EngineCandidate::kNondeterministic : 0;
     candidates.push_back(candidate);
   }
   return Ranking<Traits>::of(candidates.begin(), candidates.end());

@@ -45,11 +45,13 @@ Candidate<Traits> candidate(int algorithm, float time_ms, std::uint64_t workspac
   return result;
 }
 
-// An engine config with the given id, time and knobs (sorted by type, as a search stores them).
+// An engine config with the given id, time and knobs (sorted by type, as a search stores them), of a
+// deterministic engine.
 inline EngineCandidate engine(std::int64_t id, float time_ms, std::initializer_list<Knob> knobs = {}) {
   EngineCandidate result;
   result.engine_id = id;
   result.time_ms = time_ms;
+  result.numerical_notes = 0;
   for (const Knob& knob : knobs) result.knobs[result.knob_count++] = knob;
   return result;
 }

@@ -534,8 +534,9 @@ TEST_CASE("engine configs round-trip with their knobs, next to the legacy entrie
   add_handcrafted_entries(store, running_origin());
   EngineCandidate compiled = engine(0, 1.9f);
   compiled.behavior_notes = EngineCandidate::kRuntimeCompiled;
-  const auto ranking =
-      Ranking<GraphFwd>::of({engine(71, 0.02f), engine(22, 0.06f, {{2, 16}, {13, 0}, {14, 3}}), compiled});
+  EngineCandidate split = engine(22, 0.06f, {{2, 16}, {13, 0}, {14, 3}});
+  split.numerical_notes = EngineCandidate::kNondeterministic | (1 << 1);  // and TENSOR_CORE
+  const auto ranking = Ranking<GraphFwd>::of({engine(71, 0.02f), split, compiled});
   store.caches(running_origin()).graph_forward.insert(conv_key(Direction::forward), ranking);
   const Checkpoint written = snapshot(store);
   REQUIRE(written.header.format_version == kFormatVersion);
@@ -544,8 +545,11 @@ TEST_CASE("engine configs round-trip with their knobs, next to the legacy entrie
   REQUIRE(read.sections[0].graph_forward.size() == 1);
   const auto& loaded = read.sections[0].graph_forward[0].second;
   CHECK(loaded == ranking);
-  CHECK(to_string(loaded[1]) == "engine 22 (k2=16, k13=0, k14=3)");
+  CHECK(to_string(loaded[1]) == "engine 22 (k2=16, k13=0, k14=3) nondeterministic");
   CHECK(to_string(loaded[2]) == "engine 0 runtime-compiled");
+  CHECK(loaded[1].numerical_notes == split.numerical_notes);
+  CHECK_FALSE(loaded[1].deterministic());
+  CHECK(loaded[0].deterministic());
 }
 
 TEST_CASE("a graph search's 18 timed configs are all kept, and round-trip", "[checkpoint][graph]") {
@@ -609,6 +613,10 @@ TEST_CASE("a file with a valid checksum but an invalid engine config is rejected
   SECTION("negative behavior notes") {
     bad.behavior_notes = -8;
     reason = "behavior notes -8";
+  }
+  SECTION("numerical notes below 'unknown' (-1)") {
+    bad.numerical_notes = -2;
+    reason = "numerical notes -2";
   }
   // Built by hand: Ranking::of would not check what the loader must.
   std::array<EngineCandidate, 1> one{bad};

@@ -191,3 +191,45 @@ TEST_CASE("settling refuses rounds that do not match the finalists", "[paired_ti
                     Catch::Contains("finalist 1 has 1 rounds, native's pick 2"));
   CHECK_THROWS_WITH(settle_against_native(configs, 0, {0, 1}, {{1.0f}}), Catch::Contains("2 finalists for 1 rounds"));
 }
+
+namespace {
+
+EngineCandidate deterministic_config(std::int64_t engine, float time_ms) {
+  EngineCandidate candidate = config(engine, time_ms);
+  candidate.numerical_notes = 0;
+  return candidate;
+}
+
+}  // namespace
+
+TEST_CASE("a deterministic config ranks before native's deterministic pick only where the rounds show it faster",
+          "[paired_timing][deterministic]") {
+  const std::vector<float> reference{1.10f, 1.11f, 1.09f, 1.10f, 1.12f, 1.10f, 1.10f};
+  const std::vector<float> faster{1.00f, 1.01f, 0.99f, 1.00f, 1.02f, 1.00f, 1.00f};  // in every round
+  const std::vector<float> luckier{1.00f, 1.01f, 0.99f, 1.00f, 1.20f, 1.00f, 1.00f};  // in 6 of 7
+  const std::vector<float> split{0.90f, 0.91f, 0.89f, 0.90f, 0.92f, 0.90f, 0.90f};
+  for (const bool shown : {true, false}) {
+    CAPTURE(shown);
+    // 1: non-deterministic, the fastest; 2: deterministic, faster than native's deterministic pick (3) in the
+    // rounds or only in the median; 4: deterministic, fast in the first pass, not a finalist; 5: slower.
+    std::vector<EngineCandidate> configs{config(1, 0.90f), deterministic_config(2, 1.00f),
+                                         deterministic_config(3, 1.10f), deterministic_config(4, 1.05f),
+                                         deterministic_config(5, 1.30f)};
+    settle_deterministic(configs, 2, {0, 1, 2}, {split, shown ? faster : luckier, reference});
+    CHECK(configs[0].time_ms == 0.90f);  // non-deterministic configs keep their place
+    CHECK(configs[1].time_ms == (shown ? 1.00f : after(1.10f)));
+    CHECK(configs[2].time_ms == 1.10f);
+    CHECK(configs[3].time_ms == after(1.10f));  // no paired evidence: behind native's pick
+    CHECK(configs[4].time_ms == 1.30f);
+    // The first deterministic config of the ranking is what a deterministic call runs.
+    std::vector<std::int64_t> deterministic;
+    for (std::int64_t engine : ranked_engines(configs)) {
+      if (engine != 1) deterministic.push_back(engine);
+    }
+    CHECK(deterministic.front() == (shown ? 2 : 3));
+  }
+  std::vector<EngineCandidate> configs{config(1, 1.0f), deterministic_config(2, 0.9f)};
+  CHECK_THROWS_WITH(settle_deterministic(configs, 0, {0, 1}, {reference, faster}),
+                    Catch::Contains("the reference is not deterministic"));
+  CHECK_THROWS_WITH(settle_deterministic(configs, 1, {0, 1}, {reference}), Catch::Contains("2 finalists for 1 rounds"));
+}

@@ -66,31 +66,60 @@ TEST_CASE("a checkpoint round-trips through JSON, stored plans included", "[repo
   CHECK(to_json(read) == json);
 }
 
+namespace {
+
+// What a build of an older format exported: its engine configs are of cereal class `version` (1: format 3,
+// 2: format 4), without the fields added since.
+std::string older_export(const Checkpoint& checkpoint, int version) {
+  std::string json = std::regex_replace(to_json(checkpoint), std::regex(",\\s*\"numerical_notes\": -?[0-9]+"), "");
+  if (version < 2) json = std::regex_replace(json, std::regex(",\\s*\"heuristic_index\": -?[0-9]+"), "");
+  const std::string current = "\"cereal_class_version\": 3";
+  const std::size_t engine_class = json.find(current);
+  REQUIRE(engine_class != std::string::npos);  // EngineCandidate's, the only class of version 3
+  json.replace(engine_class, current.size(), "\"cereal_class_version\": " + std::to_string(version));
+  return json;
+}
+
+// How many graph forward configs of the checkpoint satisfy `holds`.
+template <typename Predicate>
+std::size_t count_configs(const Checkpoint& checkpoint, Predicate holds) {
+  std::size_t count = 0;
+  for (const CheckpointSection& section : checkpoint.sections) {
+    for (const auto& [key, ranking] : section.graph_forward) count += std::count_if(ranking.begin(), ranking.end(), holds);
+  }
+  return count;
+}
+
+}  // namespace
+
 TEST_CASE("an export of format 3, whose engine configs have no heuristic position, still imports", "[report][json]") {
   Checkpoint original = sample();
   for (CheckpointSection& section : original.sections) section.pending_graph = section.pending_legacy = {};
   original.header.format_version = 3;  // no pending keys in its JSON
-  // What a build of format 3 wrote: its engine configs are of cereal class version 1, without the field.
-  std::string json = std::regex_replace(to_json(original), std::regex(",\\s*\"heuristic_index\": -?[0-9]+"), "");
-  const std::size_t engine_class = json.find("\"cereal_class_version\": 2");
-  REQUIRE(engine_class != std::string::npos);  // EngineCandidate's, the only class of version 2
-  json.replace(engine_class, std::strlen("\"cereal_class_version\": 2"), "\"cereal_class_version\": 1");
-  const Checkpoint read = from_json(json, "format3.json");
+  const Checkpoint read = from_json(older_export(original, 1), "format3.json");
   CHECK(read.header.format_version == 3);
-  // Positions in the graph forward configs of the sample, and of what was read.
-  const auto positions = [](const Checkpoint& checkpoint) {
-    std::size_t count = 0;
-    for (const CheckpointSection& section : checkpoint.sections) {
-      for (const auto& [key, ranking] : section.graph_forward) {
-        count += std::count_if(ranking.begin(), ranking.end(), [](const EngineCandidate& config) {
-          return config.heuristic_index != EngineCandidate::kNotListed;
-        });
-      }
-    }
-    return count;
+  const auto positioned = [](const EngineCandidate& config) {
+    return config.heuristic_index != EngineCandidate::kNotListed;
   };
-  CHECK(positions(original) > 0);  // else the sample does not exercise the field
-  CHECK(positions(read) == 0);
+  CHECK(count_configs(original, positioned) > 0);  // else the sample does not exercise the field
+  CHECK(count_configs(read, positioned) == 0);
+  CHECK(read.size() == original.size());
+}
+
+TEST_CASE("an export of format 4, whose engine configs have no numerical notes, imports them as unknown",
+          "[report][json]") {
+  Checkpoint original = sample();
+  original.header.format_version = 4;
+  const Checkpoint read = from_json(older_export(original, 2), "format4.json");
+  CHECK(read.header.format_version == 4);
+  const auto known = [](const EngineCandidate& config) {
+    return config.numerical_notes != EngineCandidate::kNotesUnknown;
+  };
+  CHECK(count_configs(original, known) > 0);  // else the sample does not exercise the field
+  CHECK(count_configs(read, known) == 0);
+  CHECK(count_configs(read, [](const EngineCandidate& config) { return config.deterministic(); }) == 0);
+  CHECK(count_configs(read, [](const EngineCandidate& config) { return config.heuristic_index >= 0; }) ==
+        count_configs(original, [](const EngineCandidate& config) { return config.heuristic_index >= 0; }));
   CHECK(read.size() == original.size());
 }
 
@@ -116,6 +145,10 @@ TEST_CASE("JSON that is not a valid export is rejected, naming the source and th
   SECTION("a negative time") {
     text = replaced(json, "\"time_ms\": 0.25", "\"time_ms\": -0.25");
     reason = "time -0.25";
+  }
+  SECTION("numerical notes that cannot be") {
+    text = replaced(json, "\"numerical_notes\": 0", "\"numerical_notes\": -7");
+    reason = "numerical notes -7";
   }
   // What deserialize refuses must be refused here too, or an import makes a file that cannot be saved.
   SECTION("graph-API entries in format 1") {

@@ -94,6 +94,17 @@ TEST_CASE("search options are kept, and values out of range are refused naming t
   refused([](GraphSearchOptions& o) { o.max_candidates = 0; }, "max_candidates");
   refused([](GraphSearchOptions& o) { o.max_candidates = static_cast<int>(kMaxEngineConfigs); },
           "max_candidates + mode_b_candidates + knob_variants");
+  // Room for heuristics' first pick and native's deterministic pick besides (Note [Deterministic calls]).
+  refused([](GraphSearchOptions& o) {
+    o.max_candidates = static_cast<int>(kMaxEngineConfigs) - 1;
+    o.mode_b_candidates = o.knob_variants = 0;
+  }, "max_candidates + mode_b_candidates + knob_variants");
+  GraphSearchOptions widest = options;
+  widest.max_candidates = static_cast<int>(kMaxEngineConfigs) - 2;
+  widest.mode_b_candidates = widest.knob_variants = 0;
+  runtime.set_search_options(widest);
+  CHECK(runtime.search_options().max_candidates == static_cast<int>(kMaxEngineConfigs) - 2);
+  runtime.set_search_options(options);
   refused([](GraphSearchOptions& o) { o.mode_b_candidates = -2; }, "mode_b_candidates");
   refused([](GraphSearchOptions& o) { o.knob_variants = -1; }, "knob_variants");
   refused([](GraphSearchOptions& o) { o.finalists = -1; }, "finalists");

@@ -689,6 +689,96 @@ bool distinct_choices(const std::vector<EngineCandidate>& configs) {
 
 }  // namespace
 
+// Note [Deterministic calls]: a search records each config's numerical notes and always times native's
+// deterministic pick (what a search restricted to deterministic engines times first).
+TEST_CASE("a search records every config's numerical notes and times native's deterministic pick",
+          "[gpu][graph][search][deterministic]") {
+  Handle handle;
+  for (const Problem& problem : {problems()[0], problems()[1]}) {
+    for (Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+      ConvolutionKey key = problem.key;
+      key.direction = static_cast<std::int32_t>(direction);
+      INFO(problem.name << ": " << key);
+      std::mt19937 random(21);
+      Operands operands(key, random);
+      GraphSearchOptions only_deterministic = only_heuristics(1);
+      only_deterministic.deterministic = true;
+      const std::vector<EngineCandidate> native =
+          search_engine_configs(handle.handle, key, operands.buffers(), allocate, only_deterministic);
+      REQUIRE(native.size() == 1);
+      CHECK(native.front().deterministic());
+      for (const GraphSearchOptions& options : {only_heuristics(1), GraphSearchOptions{}}) {
+        const std::vector<EngineCandidate> configs =
+            search_engine_configs(handle.handle, key, operands.buffers(), allocate, options);
+        for (const EngineCandidate& config : configs) {
+          CHECK(config.numerical_notes != EngineCandidate::kNotesUnknown);
+        }
+        CHECK(std::any_of(configs.begin(), configs.end(),
+                          [&](const EngineCandidate& config) { return config.same_choice(native.front()); }));
+      }
+    }
+  }
+}
+
+TEST_CASE("a deterministic call runs the ranking's deterministic configs; without known ones, the legacy path",
+          "[gpu][graph][runtime][deterministic]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  runtime.set_miss_policy(MissPolicy::tune);
+  const Problem problem = problems()[1];
+  // Problem 1 at a batch no other test uses: the plans this test counts are built for it alone.
+  ConvolutionKey key = key_of(CUDNN_DATA_FLOAT, Layout::nchw, {3, 32, 28, 28}, {64, 32, 3, 3}, {3, 64, 14, 14},
+                              {1, 1}, {2, 2}, {1, 1}, 1, CUDNN_FMA_MATH);
+  key.direction = static_cast<std::int32_t>(Direction::backward_filter);
+  INFO(key);
+  std::mt19937 random(23);
+  Operands operands(key, random);
+  DirectionCaches& caches = runtime.caches_for_device(0);
+  caches.backward_filter.erase(key);
+  caches.graph_backward_filter.erase(key);
+  const std::vector<EngineCandidate> configs =
+      search_engine_configs(handle.handle, key, operands.buffers(), allocate);
+  REQUIRE(std::any_of(configs.begin() + 1, configs.end(), [](const EngineCandidate& c) { return c.deterministic(); }));
+  const auto run = [&](bool deterministic) {
+    runtime.run<GraphTraits<Direction::backward_filter>>(handle.handle, 0, key, operands.buffers(), allocate,
+                                                        deterministic);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return operands.written->read();
+  };
+
+  // The best config marked nondeterministic: a deterministic call passes over it, as over a config over the
+  // workspace limit, and runs the next deterministic one through the graph API, building only its plan.
+  std::vector<EngineCandidate> marked = configs;
+  marked.front().numerical_notes |= EngineCandidate::kNondeterministic;
+  caches.graph_backward_filter.insert(key, Ranking<GraphBackwardFilterTraits>::of(marked.begin(), marked.end()));
+  Stats before = runtime.stats();
+  const std::vector<double> first = run(true);
+  Stats after = runtime.stats();
+  CHECK(after.hits == before.hits + 1);
+  CHECK(after.tunes == before.tunes);
+  CHECK(after.fallbacks == before.fallbacks);
+  CHECK(after.plans_built == before.plans_built + 1);
+  CHECK(caches.backward_filter.find(key) == nullptr);  // not the legacy path
+  CHECK(run(true) == first);                           // bitwise the same again
+  check_matches_legacy(handle.handle, key, operands, problem.tolerance);
+  before = runtime.stats();
+  run(false);  // a call that need not be deterministic runs the best: its plan is another
+  CHECK(runtime.stats().plans_built == before.plans_built + 1);
+
+  // Configs whose notes are unknown (a file of format 4): the legacy path, lookup and miss policy included.
+  std::vector<EngineCandidate> unknown = configs;
+  for (EngineCandidate& config : unknown) config.numerical_notes = EngineCandidate::kNotesUnknown;
+  caches.graph_backward_filter.erase(key);
+  caches.graph_backward_filter.insert(key, Ranking<GraphBackwardFilterTraits>::of(unknown.begin(), unknown.end()));
+  before = runtime.stats();
+  run(true);
+  after = runtime.stats();
+  CHECK(after.tunes == before.tunes + 1);  // the legacy cache's miss, tuned
+  CHECK(after.fallbacks == before.fallbacks);
+  REQUIRE(caches.backward_filter.find(key) != nullptr);
+  check_matches_legacy(handle.handle, key, operands, problem.tolerance);
+}
+
 TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob variants", "[gpu][graph][search]") {
   Handle handle;
   const Problem problem = problems()[1];

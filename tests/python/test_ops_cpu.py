@@ -775,7 +775,7 @@ def test_load_save_round_trip(cache_state, synth_file, tool, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "valid, 50 entries" in result.stdout
     # The header's format version (little-endian u32 after the endianness byte and the 8-byte magic).
-    assert int.from_bytes(saved.read_bytes()[9:13], "little") == cudnn_cache.FORMAT_VERSION == 4
+    assert int.from_bytes(saved.read_bytes()[9:13], "little") == cudnn_cache.FORMAT_VERSION == 5
 
     cudnn_cache.clear()
     assert cudnn_cache.size() == 0

@@ -167,6 +167,7 @@ def test_mismatched_devices_are_rejected_as_pytorch_rejects_them():
 
 def test_deterministic_mode_gives_bitwise_identical_weight_gradients():
     torch.use_deterministic_algorithms(True)  # restored by torch_flags
+    torch.backends.cudnn.allow_tf32 = False  # so that native's gradient is as exact as ours, below
     # Large enough that cuDNN's fastest backward-filter algorithms would be ones that use atomics.
     x = randn(32, 32, 32, 32, seed=1)
     w = randn(64, 32, 3, 3, seed=2)
@@ -178,6 +179,15 @@ def test_deterministic_mode_gives_bitwise_identical_weight_gradients():
         gradients.append(weight.grad)
     assert cudnn_cache.stats()["hits"] >= 2  # the second run used what the first one tuned
     assert torch.equal(gradients[0], gradients[1])
+    # Through the graph API (Note [Deterministic calls]): its ranking holds deterministic configs, and the
+    # legacy backend, which deterministic calls took before file format 5, was not used.
+    key = cudnn_cache.conv_key("backward_filter", x, w, [1, 1], [1, 1], [1, 1], 1)
+    ranking = cudnn_cache.query("backward_filter", key)
+    assert ranking is not None and any(entry["deterministic"] for entry in ranking)
+    assert cudnn_cache.query("backward_filter", key, backend="legacy") is None
+    native = w.clone().requires_grad_()
+    F.conv2d(x, native, None, 1, 1).backward(grad_output)
+    assert_close_scaled(gradients[0], native.grad, TOLERANCE[torch.float32], "deterministic weight gradient")
 
 
 # --- Warm start in a fresh process -----------------------------------------------------------------------------
@@ -378,6 +388,7 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
     if backend == "graph":
         assert best["engine_id"] >= 0 and best["engine"].startswith(f"engine {best['engine_id']}")
         assert len(best["knobs"]) % 2 == 0 and isinstance(best["runtime_compiled"], bool)
+        assert all(isinstance(entry["deterministic"], bool) for entry in ranking)  # format 5 records it
         assert cudnn_cache.stats()["plans_built"] == 0  # the run used the plan its search built
     else:
         assert isinstance(best["algorithm"], str) and best["algorithm"]

@@ -50,7 +50,7 @@ def test_pip_install_builds_and_installs_everything(tmp_path, tool):
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stderr
     library, versions = check.stdout.splitlines()
-    assert library == str(package / "lib" / "libcudnn_cache_ops.so") and versions == "0.1.0 4"
+    assert library == str(package / "lib" / "libcudnn_cache_ops.so") and versions == "0.1.0 5"
 
     # The tool: its RUNPATH names PyTorch's cuDNN relative to itself first (where pip puts torch and cudnn_cache
     # side by side), then the absolute folder it was built against (here the base environment's, as the venv

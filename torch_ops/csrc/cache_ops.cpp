@@ -125,6 +125,10 @@ CandidateDict describe_candidate(const EngineCandidate& candidate) {
   entry.insert("time_ms", static_cast<double>(candidate.time_ms));
   entry.insert("workspace_bytes", static_cast<std::int64_t>(candidate.workspace_bytes));
   entry.insert("runtime_compiled", (candidate.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0);
+  // None for a config of a file older than format 5, which recorded no numerical notes.
+  entry.insert("deterministic", candidate.numerical_notes == EngineCandidate::kNotesUnknown
+                                    ? c10::IValue()
+                                    : c10::IValue(candidate.deterministic()));
   return entry;
 }
 

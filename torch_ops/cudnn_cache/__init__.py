@@ -245,7 +245,9 @@ def workspace_limit() -> Optional[int]:
 def set_backend(backend: str) -> None:
     """The cuDNN API convolutions run through: 'graph' (default where cuDNN has it: graph-API engine configs,
     the fastest engines on Hopper) or 'legacy' (cudnnConvolution*Algo_t). Each has its own cache entries, both
-    kept in the same file. Deterministic calls (torch.use_deterministic_algorithms) always take 'legacy'."""
+    kept in the same file. Deterministic calls (torch.use_deterministic_algorithms, cudnn.deterministic) run
+    only configs cuDNN reports deterministic; under 'graph', keys whose entries recorded no determinism (files
+    older than format 5) take 'legacy' for them."""
     _ops.set_backend(backend)
 
 
@@ -433,7 +435,8 @@ def conv_key(direction: str, input: torch.Tensor, weight: torch.Tensor, stride: 
 def query(direction: str, key: Tuple[int, ...], backend: Optional[str] = None) -> Optional[List[Dict]]:
     """The ranked candidates cached for `key` on the current GPU by `backend` (default: the current one), best
     first; None on a miss. Graph entries: engine, engine_id, knobs (type, value, ...), time_ms,
-    workspace_bytes, runtime_compiled. Legacy entries: algorithm, status, time_ms, workspace_bytes,
+    workspace_bytes, runtime_compiled, deterministic (None where a file older than format 5 recorded no
+    numerical notes). Legacy entries: algorithm, status, time_ms, workspace_bytes,
     deterministic, math_type."""
     found = _ops.query(direction, list(key), backend)
     return None if found is None else [dict(candidate) for candidate in found]

@@ -20,9 +20,11 @@ namespace cudnn_cache {
 // engine configs, version 3 stored plans (Note [Stored plans]); older files simply have none. Version 4 engine
 // configs may be positions in heuristics' list (EngineCandidate::heuristic_index, the config's cereal class
 // version 2), and each origin's pending keys follow its stored plans (Note [Pending keys] in cache_store.h):
-// earlier builds cannot read them, hence the new number. (A file of format 2 or 3 written by this
-// build, as the reader's tests write them, has them too.)
-inline constexpr std::uint32_t kFormatVersion = 4;
+// earlier builds cannot read them, hence the new number. Version 5 engine configs carry cuDNN's numerical notes
+// (EngineCandidate::numerical_notes, class version 3), so that deterministic calls can run the deterministic
+// ones (Note [Deterministic calls] in runtime.h). (A file of an older format written by this build, as the
+// reader's tests write them, has what this build writes.)
+inline constexpr std::uint32_t kFormatVersion = 5;
 
 // The first bytes of every cache file after cereal's endianness byte.
 inline constexpr std::array<char, 8> kMagic = {'C', 'D', 'N', 'N', 'C', 'A', 'C', 'H'};

@@ -28,7 +28,9 @@
 //      `max_candidates` that build are timed: building a plan costs milliseconds (50-200 ms for an engine
 //      cuDNN compiles at run time), so building all of them made tuning slower than PyTorch's benchmark mode,
 //      which stops at cudnn.benchmark_limit (10) as well. They are built ahead on `build_threads` threads
-//      while the calling thread times those built (Note [Parallel candidate builds], graph_search.cpp);
+//      while the calling thread times those built (Note [Parallel candidate builds], graph_search.cpp); and,
+//      unless those included it, the first deterministic config of the lists that builds, native's pick when
+//      deterministic (Note [Deterministic calls] in runtime.h). Each config keeps its engine's numerical notes;
 //   2. heuristics mode B's first `mode_b_candidates` picks: a second opinion, at more CPU time per query;
 //   3. the best config so far with one knob moved to a neighbouring value (each knob's range and step come
 //      from cuDNN; nearest values first, `knob_variants` of them). Heuristics give each engine one knob
@@ -69,8 +71,8 @@
 #include "cudnn_cache/key.h"
 #include "cudnn_cache/runtime.h"
 
-namespace cudnn_frontend::graph {
-class Graph;
+namespace cudnn_cache::graph_internal {
+class Graph;  // cudnn-frontend's graph (graph_internal.h)
 }
 
 namespace cudnn_cache {
@@ -114,11 +116,11 @@ class GraphPlan {
   friend std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t, const ConvolutionKey&,
                                                          const ConvolutionBuffers&, const WorkspaceAllocator&,
                                                          const GraphSearchOptions&, std::shared_ptr<const GraphPlan>*);
-  GraphPlan(Direction direction, std::shared_ptr<cudnn_frontend::graph::Graph> graph, std::uint64_t workspace_bytes)
+  GraphPlan(Direction direction, std::shared_ptr<graph_internal::Graph> graph, std::uint64_t workspace_bytes)
       : direction_(direction), graph_(std::move(graph)), workspace_bytes_(workspace_bytes) {}
 
   Direction direction_;
-  std::shared_ptr<cudnn_frontend::graph::Graph> graph_;
+  std::shared_ptr<graph_internal::Graph> graph_;
   std::uint64_t workspace_bytes_ = 0;
 };
 

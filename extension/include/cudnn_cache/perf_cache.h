@@ -160,13 +160,25 @@ struct EngineCandidate {
   // cannot name; engine_id and knobs are the part it can, checked when the plan is made again (Note [Engine
   // configs] in graph.h).
   std::int32_t heuristic_index = kNotListed;
+  // Bit n set: cudnn_frontend::NumericalNote_t value n, cuDNN's numerical notes of the engine (see
+  // kNondeterministic); kNotesUnknown for a config stored before file format 5, which recorded none.
+  std::int32_t numerical_notes = kNotesUnknown;
 
   static constexpr std::int32_t kNotListed = -1;
+  static constexpr std::int32_t kNotesUnknown = -1;
 
   // The behavior note cuDNN gives engines it compiles at run time (BehaviorNote_t::RUNTIME_COMPILATION).
   static constexpr std::int32_t kRuntimeCompiled = 1 << 1;
+  // The numerical note of engines whose results may differ from run to run (NumericalNote_t::NONDETERMINISTIC,
+  // e.g. split reductions that accumulate with atomics).
+  static constexpr std::int32_t kNondeterministic = 1 << 5;
 
   bool succeeded() const { return true; }
+  // Whether cuDNN reports the engine deterministic: what a deterministic call may run. A config whose notes
+  // are unknown is not known to be.
+  bool deterministic() const {
+    return numerical_notes != kNotesUnknown && (numerical_notes & kNondeterministic) == 0;
+  }
   const Knob* knobs_begin() const { return knobs.data(); }
   const Knob* knobs_end() const { return knobs.data() + knob_count; }
 
@@ -182,7 +194,7 @@ struct EngineCandidate {
 
   friend bool operator==(const EngineCandidate& a, const EngineCandidate& b) {
     return a.same_choice(b) && a.time_ms == b.time_ms && a.workspace_bytes == b.workspace_bytes &&
-           a.behavior_notes == b.behavior_notes;
+           a.behavior_notes == b.behavior_notes && a.numerical_notes == b.numerical_notes;
   }
   friend bool operator!=(const EngineCandidate& a, const EngineCandidate& b) { return !(a == b); }
 };

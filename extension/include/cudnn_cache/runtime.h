@@ -37,8 +37,20 @@
 // Both backends take this one path (Note [One run path]). The graph API's candidates are engine configs, each
 // run through an execution plan built once per key and config and kept in the plan cache (Note [Plan
 // cache]); a config cuDNN refuses to build (another release, NOT_SUPPORTED) is a fallback like any other.
-// The last resort of both is the legacy heuristics. Stored engine configs carry no determinism note, so
-// deterministic calls take the legacy path.
+// The last resort of both is the legacy heuristics.
+//
+// Note [Deterministic calls]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With torch.use_deterministic_algorithms(True) or cudnn.deterministic, a call may run only what cuDNN reports
+// deterministic: legacy algorithms carry cuDNN's determinism, and engine configs cuDNN's numerical notes of
+// their engine (EngineCandidate::numerical_notes; NONDETERMINISTIC marks split reductions that accumulate
+// with atomics). A deterministic call walks the same ranking as any other, passing over the rest, so it runs
+// at the graph path's host cost (cuDNN 9's legacy calls cost about 4x the host time: docs/PERFORMANCE.md). A
+// search therefore always times native's deterministic pick too (heuristics' first deterministic config, what
+// PyTorch runs when deterministic), so that a key tuned without determinism holds one. Where a graph ranking
+// holds no config known to be deterministic (a file of format 4 or older, whose configs recorded no notes, or a
+// nearest key's borrowed configs), the call takes the legacy path, lookup and miss policy included, as every
+// deterministic call did before format 5; no fallback is counted, since nothing cached for it was passed over.
 //
 // Note [Workspace limit]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -297,7 +309,7 @@ class Runtime {
 
   // Runs the convolution of `key` on the buffers through the backend of Traits (LegacyTraits<D> or
   // GraphTraits<D>); see Note [Running a cached convolution]. With `deterministic`, only candidates cuDNN reports
-  // as deterministic are run (graph-API calls take the legacy path for that).
+  // as deterministic are run (Note [Deterministic calls]).
   template <typename Traits>
   void run(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
            const WorkspaceAllocator& allocate, bool deterministic);

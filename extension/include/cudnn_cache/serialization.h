@@ -193,13 +193,15 @@ void save(Archive& archive, const EngineCandidate& candidate, std::uint32_t cons
     archive(CEREAL_NVP_("knobs", knobs));
   }
   archive(CEREAL_NVP_("heuristic_index", candidate.heuristic_index));  // version 2
+  archive(CEREAL_NVP_("numerical_notes", candidate.numerical_notes));  // version 3
 }
 
 // Heuristics' lists are a few dozen configs long; a position past this one is corrupt.
 inline constexpr std::int32_t kMaxHeuristicIndex = 1 << 12;
 
 // A loaded config must be one a search could have stored: a real engine, a time, sorted distinct knobs, and a
-// position in heuristics' list or none. Version 1 (file formats 2 and 3) has no position.
+// position in heuristics' list or none, and numerical notes or none recorded. Version 1 (file formats 2 and 3)
+// has no position; versions 1 and 2 (format 4) have no numerical notes.
 template <class Archive>
 void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const version) {
   archive(CEREAL_NVP_("engine_id", candidate.engine_id), CEREAL_NVP_("time_ms", candidate.time_ms),
@@ -234,6 +236,13 @@ void load(Archive& archive, EngineCandidate& candidate, std::uint32_t const vers
     archive(CEREAL_NVP_("heuristic_index", candidate.heuristic_index));
     if (candidate.heuristic_index < EngineCandidate::kNotListed || candidate.heuristic_index > kMaxHeuristicIndex) {
       detail::throw_invalid("heuristic position ", candidate.heuristic_index);
+    }
+  }
+  candidate.numerical_notes = EngineCandidate::kNotesUnknown;
+  if (version >= 3) {
+    archive(CEREAL_NVP_("numerical_notes", candidate.numerical_notes));
+    if (candidate.numerical_notes < EngineCandidate::kNotesUnknown) {
+      detail::throw_invalid("numerical notes ", candidate.numerical_notes);
     }
   }
 }
@@ -320,7 +329,7 @@ CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::BackwardFilterTraits>, 
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::ForwardTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardDataTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::BackwardFilterTraits>, 1)
-CEREAL_CLASS_VERSION(cudnn_cache::EngineCandidate, 2)
+CEREAL_CLASS_VERSION(cudnn_cache::EngineCandidate, 3)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphForwardTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphBackwardDataTraits>, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Ranking<cudnn_cache::GraphBackwardFilterTraits>, 1)
