@@ -92,35 +92,30 @@ std::size_t count_configs(const Checkpoint& checkpoint, Predicate holds) {
 
 }  // namespace
 
-TEST_CASE("an export of format 3, whose engine configs have no heuristic position, still imports", "[report][json]") {
-  Checkpoint original = sample();
-  for (CheckpointSection& section : original.sections) section.pending_graph = section.pending_legacy = {};
-  original.header.format_version = 3;  // no pending keys in its JSON
-  const Checkpoint read = from_json(older_export(original, 1), "format3.json");
-  CHECK(read.header.format_version == 3);
-  const auto positioned = [](const EngineCandidate& config) {
-    return config.heuristic_index != EngineCandidate::kNotListed;
-  };
-  CHECK(count_configs(original, positioned) > 0);  // else the sample does not exercise the field
-  CHECK(count_configs(read, positioned) == 0);
-  CHECK(read.size() == original.size());
-}
-
-TEST_CASE("an export of format 4, whose engine configs have no numerical notes, imports them as unknown",
+TEST_CASE("exports of formats 3 and 4 import, engine-config fields added since taking their defaults",
           "[report][json]") {
-  Checkpoint original = sample();
-  original.header.format_version = 4;
-  const Checkpoint read = from_json(older_export(original, 2), "format4.json");
-  CHECK(read.header.format_version == 4);
-  const auto known = [](const EngineCandidate& config) {
-    return config.numerical_notes != EngineCandidate::kNotesUnknown;
+  struct Older {
+    std::uint32_t format;
+    int engine_class_version;
+    bool (*holds_newer_field)(const EngineCandidate&);
   };
-  CHECK(count_configs(original, known) > 0);  // else the sample does not exercise the field
-  CHECK(count_configs(read, known) == 0);
-  CHECK(count_configs(read, [](const EngineCandidate& config) { return config.deterministic(); }) == 0);
-  CHECK(count_configs(read, [](const EngineCandidate& config) { return config.heuristic_index >= 0; }) ==
-        count_configs(original, [](const EngineCandidate& config) { return config.heuristic_index >= 0; }));
-  CHECK(read.size() == original.size());
+  const Older older[] = {
+      {3, 1, [](const EngineCandidate& config) { return config.heuristic_index != EngineCandidate::kNotListed; }},
+      {4, 2, [](const EngineCandidate& config) { return config.numerical_notes != EngineCandidate::kNotesUnknown; }},
+  };
+  for (const Older& format : older) {
+    CAPTURE(format.format);
+    Checkpoint original = sample();
+    if (format.format < 4) {  // no pending keys in its JSON
+      for (CheckpointSection& section : original.sections) section.pending_graph = section.pending_legacy = {};
+    }
+    original.header.format_version = format.format;
+    const Checkpoint read = from_json(older_export(original, format.engine_class_version), "older.json");
+    CHECK(read.header.format_version == format.format);
+    CHECK(count_configs(original, format.holds_newer_field) > 0);  // else the sample does not exercise the field
+    CHECK(count_configs(read, format.holds_newer_field) == 0);
+    CHECK(read.size() == original.size());
+  }
 }
 
 TEST_CASE("JSON that is not a valid export is rejected, naming the source and the reason", "[report][json]") {
