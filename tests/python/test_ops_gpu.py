@@ -190,6 +190,31 @@ def test_deterministic_mode_gives_bitwise_identical_weight_gradients():
     assert_close_scaled(gradients[0], native.grad, TOLERANCE[torch.float32], "deterministic weight gradient")
 
 
+def test_deterministic_mode_adds_no_fill_kernel_native_does_not_run():
+    """Under torch.use_deterministic_algorithms, at::empty fills each new tensor with NaN (torch.utils.deterministic
+    .fill_uninitialized_memory). PyTorch's cuDNN convolutions allocate their outputs without that fill, since
+    cuDNN writes every element; the cache's must too (a fill kernel per output was 3% of a ResNet-18 step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.use_deterministic_algorithms(True)  # restored by torch_flags
+    x, w = randn(8, 16, 32, 32, seed=1), randn(32, 16, 3, 3, seed=2)
+    grad_output = randn(8, 32, 32, 32, seed=3)
+
+    def fills(convolution) -> int:
+        def step():
+            inputs = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+            convolution(*inputs).backward(grad_output)
+            torch.cuda.synchronize()
+        step()  # tuned (the cache) and warm (both)
+        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+            step()
+        return sum(event.count for event in profiler.key_averages() if "FillFunctor" in event.key)
+
+    native = fills(lambda a, b: F.conv2d(a, b, None, 1, 1))
+    ours = fills(lambda a, b: ops.convolution(a, b, None, [1], [1], [1], 1))
+    assert ours <= native, f"{ours} fill kernels through the cache, {native} natively"
+
+
 # --- Warm start in a fresh process -----------------------------------------------------------------------------
 
 # Runs the seed's two-convolution model once: `tune` starts empty and saves the cache; `replay` loads it with

@@ -1,6 +1,7 @@
 #include "problem.h"
 
 #include <ATen/Context.h>
+#include <ATen/cuda/EmptyTensor.h>
 
 #include <array>
 #include <cstring>
@@ -133,10 +134,14 @@ at::Tensor contiguous_in(const at::Tensor& tensor, at::MemoryFormat format) {
 }
 
 at::Tensor empty_in(at::IntArrayRef sizes, const at::TensorOptions& options, at::MemoryFormat format) {
+  const auto empty = [&](at::IntArrayRef shape) -> at::Tensor {
+    if (options.device().is_cuda()) return at::detail::empty_cuda(shape, options.memory_format(format));
+    return at::empty(shape, options.memory_format(format));
+  };
   if (sizes.size() == 3 && format == at::MemoryFormat::ChannelsLast) {
-    return at::empty({sizes[0], sizes[1], 1, sizes[2]}, options.memory_format(format)).squeeze(2);
+    return empty({sizes[0], sizes[1], 1, sizes[2]}).squeeze(2);
   }
-  return at::empty(sizes, options.memory_format(format));
+  return empty(sizes);
 }
 
 cudnnDataType_t cudnn_data_type(at::ScalarType type, const char* name) {
