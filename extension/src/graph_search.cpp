@@ -298,7 +298,8 @@ class EngineSearch {
     std::vector<std::size_t> finalists = ranked;
     finalists.resize(std::min<std::size_t>(finalists.size(), static_cast<std::size_t>(std::max(count, 0))));
     std::vector<std::size_t> natives{0, benchmark_pick_};
-    if (deterministic_picks_) {  // and the fastest deterministic config, their challenger
+    const bool deterministic = deterministic_picks_ && options_.rank_deterministic;
+    if (deterministic) {  // and the fastest deterministic config, their challenger
       natives.insert(natives.end(), {deterministic_picks_->first, deterministic_picks_->second});
       natives.push_back(*std::find_if(ranked.begin(), ranked.end(),
                                       [&](std::size_t i) { return configs_[i].deterministic(); }));
@@ -333,7 +334,7 @@ class EngineSearch {
       }
     }
     settle_against_native(configs_, finalists[native_reference(times, heuristic, benchmark)], finalists, times);
-    if (deterministic_picks_) {
+    if (deterministic) {
       settle_deterministic(configs_,
                            native_reference(times, position(deterministic_picks_->first),
                                             position(deterministic_picks_->second)),

@@ -365,7 +365,8 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   using Legacy = LegacyTraits<Traits::direction>;
   DirectionCaches& caches = caches_for_device(device);
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
-  const Found<Traits> found = lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate);
+  const Found<Traits> found =
+      lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate, deterministic);
   const Constraints constraints{deterministic, workspace_limit()};
   const BoundedAllocator bounded(allocate, constraints.workspace_limit);
   std::string why_not;  // why the cached candidates did not run, when they did not
@@ -399,17 +400,18 @@ Ranking<Traits> Runtime::tune(cudnnHandle_t handle, int device, const Convolutio
   require_not_capturing(handle, key);
   DirectionCaches& caches = caches_for_device(device);
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
-  const Ranking<Traits> ranking = search<Traits>(backend, key, buffers, allocate);
+  const Ranking<Traits> ranking = search<Traits>(backend, key, buffers, allocate, false);
   caches.get<Traits>().insert(key, ranking);
   return ranking;
 }
 
 template <typename Traits, typename Chosen>
 Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-                                const WorkspaceAllocator& allocate) {
+                                const WorkspaceAllocator& allocate, bool deterministic) {
   const auto started = std::chrono::steady_clock::now();
   GraphSearchOptions options = search_options();
   options.max_workspace_bytes = workspace_limit();  // Note [Workspace limit]
+  options.rank_deterministic = options.rank_deterministic || deterministic;
   const Ranking<Traits> ranking = backend.search(buffers, allocate, options);
   ++tunes_;
   tune_us_ += microseconds_since(started);
@@ -429,7 +431,7 @@ Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, cons
 template <typename Traits, typename Chosen>
 Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache,
                                        const ConvolutionKey& key, Chosen& backend, const ConvolutionBuffers& buffers,
-                                       const WorkspaceAllocator& allocate) {
+                                       const WorkspaceAllocator& allocate, bool deterministic) {
   const char* kind = Chosen::kind;
   std::shared_ptr<const Ranking<Traits>> ranking = cache.find(key);
   if (ranking) {
@@ -474,7 +476,8 @@ Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCac
   if (policy == MissPolicy::nearest) return {lend(cache, key, backend), true};
   if (policy == MissPolicy::tune) {
     const bool searched = searching_->run_once(&cache, key, [&] {
-      ranking = std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate));
+      ranking =
+          std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate, deterministic));
       cache.insert(key, *ranking);
     });
     if (!searched) {  // another thread searched it meanwhile (null if the cache was cleared since)

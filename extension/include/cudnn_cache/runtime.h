@@ -216,6 +216,10 @@ struct GraphSearchOptions {
   bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
   float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
+  // Also rank the deterministic configs against native's deterministic picks in the paired rounds (Note [Never
+  // slower than native's pick]): set for the search of a deterministic call's miss. Other searches time native's
+  // deterministic pick too, but leave deterministic configs in their first-pass order: the rounds cost time.
+  bool rank_deterministic = false;
   // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
   // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
   int build_threads = 0;
@@ -354,14 +358,16 @@ class Runtime {
   };
   template <typename Traits, typename Chosen>
   Found<Traits> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache, const ConvolutionKey& key,
-                       Chosen& backend, const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate);
+                       Chosen& backend, const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                       bool deterministic);
   // What the nearest miss policy lends a missed key, lent to it (runtime.cpp).
   template <typename Traits, typename Chosen>
   std::shared_ptr<const Ranking<Traits>> lend(PerfCache<Traits>& cache, const ConvolutionKey& key, Chosen& backend);
-  // The backend's search, counted in stats() and logged.
+  // The backend's search, counted in stats() and logged; `deterministic`: a deterministic call's
+  // (GraphSearchOptions::rank_deterministic).
   template <typename Traits, typename Chosen>
   Ranking<Traits> search(Chosen& backend, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-                         const WorkspaceAllocator& allocate);
+                         const WorkspaceAllocator& allocate, bool deterministic);
 
   CacheStore store_;
   std::unique_ptr<PlanCache> plans_;
