@@ -167,12 +167,13 @@ def test_keys_of_another_format_version_are_never_read_and_prune_removes_them(cl
     client = server.client()
     own = f"cudnn_cache:v{cudnn_cache.FORMAT_VERSION}"
     for key in list(client.scan(own + ":*")):  # the same content under the next and an older version
-        for version in (cudnn_cache.FORMAT_VERSION + 1, 3):
+        for version in (cudnn_cache.FORMAT_VERSION + 1, cudnn_cache.FORMAT_VERSION - 2):
             renamed = key.decode().replace(own, f"cudnn_cache:v{version}", 1)
             client.call("RESTORE", renamed, 0, client.call("DUMP", key), "REPLACE")
     client.call("SET", f"cudnn_cache:v{cudnn_cache.FORMAT_VERSION + 1}:entry:garbage", b"\x00\x01")
     held = json.loads(cli("remote", "stats", server.url, "--json").stdout)
-    assert set(held["other_versions"]) == {f"v{cudnn_cache.FORMAT_VERSION + 1}", "v3"}
+    assert set(held["other_versions"]) == {f"v{cudnn_cache.FORMAT_VERSION + 1}",
+                                           f"v{cudnn_cache.FORMAT_VERSION - 2}"}
     pulled = cli("remote", "pull", server.url, "-o", tmp_path / "pulled.cache")
     assert "20 entries of 1 origins, 0 left out" in pulled.stdout  # the others were not even read
     pruned = cli("remote", "prune", server.url, "--other-versions", "--json")
@@ -181,6 +182,29 @@ def test_keys_of_another_format_version_are_never_read_and_prune_removes_them(cl
     tag = next(iter(held["origins"]))
     assert cli("remote", "prune", server.url, "--origin", tag).returncode == 0
     assert json.loads(cli("remote", "stats", server.url, "--json").stdout)["origins"] == {}
+
+
+def test_the_previous_format_entries_are_pulled_until_pushes_rewrite_them(cli, synth, server, tmp_path):
+    """What the previous release pushed (the same keys under the previous format's prefix) is pulled, merged
+    under this format's entries; a push writes them in this format, and pruning other versions leaves those."""
+    source = synth("a.cache", 20)
+    assert cli("remote", "push", source, server.url).returncode == 0
+    client = server.client()
+    own, previous = f"cudnn_cache:v{cudnn_cache.FORMAT_VERSION}", f"cudnn_cache:v{cudnn_cache.FORMAT_VERSION - 1}"
+    for key in list(client.scan(own + ":*")):  # as the previous release left them, and nothing of this one's
+        client.call("RENAME", key, key.decode().replace(own, previous, 1))
+    assert json.loads(cli("remote", "stats", server.url, "--json").stdout)["origins"] == {}
+    pulled = cli("remote", "pull", server.url, "-o", tmp_path / "pulled.cache")
+    assert pulled.returncode == 0, pulled.stderr
+    assert "20 entries of 1 origins, 0 left out" in pulled.stdout
+    assert same_cache(cli, source, tmp_path / "pulled.cache")
+    report = json.loads(cli("remote", "push", tmp_path / "pulled.cache", server.url, "--json").stdout)
+    assert report["stored"] == 20  # now in this format too
+    again = cli("remote", "pull", server.url, "-o", tmp_path / "again.cache")
+    assert "20 entries of 1 origins, 0 left out" in again.stdout  # one entry per name, whichever formats hold it
+    assert cli("remote", "prune", server.url, "--other-versions").returncode == 0
+    assert cli("remote", "pull", server.url, "-o", tmp_path / "own.cache").returncode == 0
+    assert same_cache(cli, source, tmp_path / "own.cache")
 
 
 # --- Faults ---------------------------------------------------------------------------------------------------

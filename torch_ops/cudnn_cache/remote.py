@@ -15,8 +15,11 @@ the server on its own, as a checkpoint that holds just it (Note [Entries on a sh
     cudnn_cache:v<format>:entries:<origin tag>              a set of the origin's entry names
     cudnn_cache:v<format>:origins                           a hash: origin tag -> the origin, in words
 
-so a server can hold any number of GPU kinds and cuDNN versions, and two versions of the file format share a
-server without reading each other's keys. A push merges each entry into the server's copy with the file's
+so a server can hold any number of GPU kinds and cuDNN versions, and versions of the file format share a server.
+A build writes only its own format's keys, and reads its own and the previous format's (this build's loader reads
+older checkpoints): a fleet that upgrades keeps what the previous release pushed, merged under what the new one
+pushes, until a push rewrites the entry in the new format or `remote prune --other-versions` removes the old keys.
+Newer formats' keys, and older ones', are never read. A push merges each entry into the server's copy with the file's
 rule (per candidate the faster measurement wins), under WATCH/MULTI: the merge is computed here, and the write
 happens only if nobody wrote the key since it was read, else it is read and merged again. Any number of writers
 lose nothing, and an entry whose merge changes nothing is not written.
@@ -324,16 +327,17 @@ class Remote:
                 raise ValueError(f"remote store {self.name}: {label} must be a number of seconds > 0, not {value!r}")
         self._connection = Connection(url, timeout, connect_timeout)
         self.prefix = f"cudnn_cache:v{_ops.format_version()}"
+        self.previous_prefix = f"cudnn_cache:v{_ops.format_version() - 1}"  # read by pull, never written
 
-    def _entries_key(self, tag: str) -> str:
-        return f"{self.prefix}:entries:{tag}"
+    def _entries_key(self, tag: str, prefix: Optional[str] = None) -> str:
+        return f"{prefix or self.prefix}:entries:{tag}"
 
     @property
     def _origins_key(self) -> str:
         return f"{self.prefix}:origins"
 
-    def _entry_key(self, name: str) -> str:
-        return f"{self.prefix}:entry:{name}"
+    def _entry_key(self, name: str, prefix: Optional[str] = None) -> str:
+        return f"{prefix or self.prefix}:entry:{name}"
 
     def _call(self, what: str, function):
         try:
@@ -408,26 +412,36 @@ class Remote:
 
     def pull(self, origins: Optional[Iterable[str]] = None) -> Tuple[bytes, PullReport]:
         """A checkpoint (a cache file's bytes) of every entry the server holds of these origins (tags; default:
-        all of them), merged, each checked; and what was left out."""
+        all of them), of this format and the previous one, merged, each checked; and what was left out."""
         started = time.perf_counter()
-        tags = sorted(self.origins()) if origins is None else sorted(set(origins))
-        names: List[str] = []
-        for members in self._call("listed entries", lambda: self._members(tags)):
-            names += sorted(member.decode(errors="replace") for member in members)
-        blobs = self._call("read entries", lambda: self._mget([self._entry_key(name) for name in names]))
-        present = [(name, blob) for name, blob in zip(names, blobs) if blob is not None]  # pruned meanwhile
+        prefixes = (self.prefix, self.previous_prefix)
+        if origins is None:
+            held = self._call("listed origins", lambda: self._connection.checked(
+                self._connection.pipeline([("HGETALL", f"{prefix}:origins") for prefix in prefixes])))
+            tags = sorted({tag.decode() for reply in held for tag in reply[0::2]})
+        else:
+            tags = sorted(set(origins))
+        wanted: List[Tuple[str, str]] = []  # (entry name, key): this format's first, then the previous one's
+        for index, members in enumerate(self._call("listed entries", lambda: self._members(tags, prefixes))):
+            prefix = prefixes[index // len(tags)]
+            wanted += [(name, self._entry_key(name, prefix))
+                       for name in sorted(member.decode(errors="replace") for member in members)]
+        blobs = self._call("read entries", lambda: self._mget([key for _, key in wanted]))
+        present = [(name, blob) for (name, _), blob in zip(wanted, blobs) if blob is not None]  # pruned meanwhile
         data, refused = merge([blob for _, blob in present], [name for name, _ in present],
                               f"remote store {self.name}")
-        report = PullReport(entries=len(present) - len(refused), origins=len(tags),
-                            refused=[(present[i][0], reason) for i, reason in refused])
+        left_out = {i for i, _ in refused}
+        report = PullReport(entries=len({name for i, (name, _) in enumerate(present) if i not in left_out}),
+                            origins=len(tags), refused=[(present[i][0], reason) for i, reason in refused])
         report.seconds = time.perf_counter() - started
         return data, report
 
-    def _members(self, tags: List[str]) -> List[List[bytes]]:
-        """The entry names of each origin in `tags`, in one round trip."""
-        if not tags:
-            return []
-        return self._connection.checked(self._connection.pipeline([("SMEMBERS", self._entries_key(t)) for t in tags]))
+    def _members(self, tags: List[str], prefixes: Sequence[str] = ()) -> List[List[bytes]]:
+        """The entry names of each origin in `tags` under each of `prefixes` (default: this format's), prefix by
+        prefix, in one round trip."""
+        commands = [("SMEMBERS", self._entries_key(tag, prefix)) for prefix in prefixes or (self.prefix,)
+                    for tag in tags]
+        return self._connection.checked(self._connection.pipeline(commands)) if commands else []
 
     def _over_keys(self, command: str, keys: list) -> list:
         """`command` over `keys` in one round trip, as commands of at most _CHUNK keys each: their replies."""
@@ -441,7 +455,7 @@ class Remote:
     # -- inspect and prune -----------------------------------------------------------------------------------
     def stats(self) -> dict:
         """What the server holds: per origin of this format, its entries and their bytes; and the keys of
-        other versions of the format (which this version never reads)."""
+        other versions of the format (of which pull reads the previous one's)."""
         def count() -> dict:
             result = {"url": self.name, "format_version": int(_ops.format_version()), "origins": {},
                       "other_versions": {}}
