@@ -19,7 +19,8 @@ against the cache's deterministic configs (Note [Deterministic calls] in extensi
 
 Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
 and state it prints the host time per step, median [95%], and the median of its per-round ratios to native's
-[95%]; --profile adds each way's self CPU time per step by operator and CUDA runtime call (torch.profiler).
+[95%]; on a GPU, also each way's GPU time per step in the same rounds (torch.profiler, GPU_STEPS profiled steps
+per round: kernels and copies), the same way: a faster host path must not run slower kernels; --profile adds each way's self CPU time per step by operator and CUDA runtime call (torch.profiler).
 
     python3 scripts/step_host_time.py --workload resnet18_fp16_cl --rounds 30
     python3 scripts/step_host_time.py --workload resnet50_fp32 --profile --json /tmp/step_host_time.json
@@ -31,6 +32,7 @@ Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code
 import argparse
 import json
 import pathlib
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -41,12 +43,13 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import (WORKLOADS, device_of, in_turn, initialise_libraries, model_and_input,  # noqa: E402
-                         profile_each_step)
+from bench_cases import (WORKLOADS, device_of, gpu_time_per_step, in_turn, initialise_libraries,  # noqa: E402
+                         model_and_input, profile_each_step)
 from bench_stats import median_interval  # noqa: E402
 
 WAYS = ("native", "graph", "legacy")
 PROFILED = 3  # steps per way and state with --profile
+GPU_STEPS = 3  # profiled steps per way and round, on a GPU
 SHOWN = 25  # rows of the --profile table
 
 
@@ -119,6 +122,7 @@ def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, pr
     cache.set_miss_policy("error")  # a convolution the tuning missed fails loudly instead of tuning in a round
     states = {"idle": 0.0, "busy": busy_ms} if device.type == "cuda" else {"idle": 0.0}
     times: Dict[str, Dict[str, List[float]]] = {state: {way: [] for way in WAYS} for state in states}
+    gpu: Dict[str, List[float]] = {way: [] for way in WAYS}
     for round_index in range(rounds):
         for way in in_turn(list(WAYS), round_index):
             use(cache, way)
@@ -126,15 +130,18 @@ def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, pr
             step()
             for state, queued in states.items():
                 times[state][way].append(host_ms(step, device, queued))
-    rows = []
-    for state in states:
-        native = times[state]["native"]
-        for way in WAYS:
-            ratios = [mine / theirs for mine, theirs in zip(times[state][way], native)]
-            rows.append({"state": state, "way": way, "host_ms": median_interval(times[state][way]),
-                         "ratio_to_native": median_interval(ratios)})
+            samples, _ = gpu_time_per_step(step, device, GPU_STEPS)  # None on the CPU
+            if samples:
+                gpu[way].append(statistics.median(samples))
+
+    def row(figures: Dict[str, List[float]], way: str, name: str, **labels) -> dict:
+        ratios = [mine / theirs for mine, theirs in zip(figures[way], figures["native"])]
+        return {**labels, "way": way, name: median_interval(figures[way]), "ratio_to_native": median_interval(ratios)}
+
+    rows = [row(times[state], way, "host_ms", state=state) for state in states for way in WAYS]
+    gpu_rows = [row(gpu, way, "gpu_ms") for way in WAYS] if gpu["native"] else []
     result = {"workload": workload, "device": str(device), "rounds": rounds, "busy_ms": busy_ms,
-              "deterministic": deterministic, "rows": rows}
+              "deterministic": deterministic, "rows": rows, "gpu_rows": gpu_rows}
     if profile:
         result["self_cpu_us"] = {state: {} for state in states}
         for state, queued in states.items():
@@ -154,6 +161,11 @@ def table(result: dict) -> str:
              "|---|---|---|---|"]
     lines += [f"| {row['state']} | {row['way']} | {figure(row['host_ms'], 3)} | {figure(row['ratio_to_native'], 3)} |"
               for row in result["rows"]]
+    if result.get("gpu_rows"):
+        lines += ["", "| way | GPU ms per step, median [95%] | ÷ native, median of per-round ratios [95%] |",
+                  "|---|---|---|"]
+        lines += [f"| {row['way']} | {figure(row['gpu_ms'], 3)} | {figure(row['ratio_to_native'], 3)} |"
+                  for row in result["gpu_rows"]]
     none = {"calls": 0.0, "us": 0.0}
     for state, ways in result.get("self_cpu_us", {}).items():
         def difference(name: str) -> float:  # the most any way's self time differs from native's

@@ -29,6 +29,7 @@ def test_reports_each_way_against_native_paired_per_round_with_a_profile(tmp_pat
             assert figure["lo"] <= figure["median"] <= figure["hi"]
         assert row["host_ms"]["lo"] > 0
     assert result["rows"][0]["ratio_to_native"] == {"median": 1.0, "lo": 1.0, "hi": 1.0, "n": 6}
+    assert result["gpu_rows"] == []  # no GPU time on the CPU, and no table of it
     profile = result["self_cpu_us"]["idle"]
     assert set(profile) == {"native", "graph", "legacy"}
     assert all(profile[way]["aten::convolution"]["calls"] == 2 for way in profile)  # the seed model's two convs
@@ -49,3 +50,17 @@ def test_refuses_too_few_rounds_and_a_kernel_of_no_length():
     assert done.returncode == 2 and "--rounds must be >= 6" in done.stderr
     done = run("--busy-ms", "0")
     assert done.returncode == 2 and "--busy-ms must be > 0" in done.stderr
+
+
+def test_the_gpu_time_table_shows_each_way_against_native():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import step_host_time
+
+    figure = lambda m: {"median": m, "lo": m - 0.1, "hi": m + 0.1, "n": 6}  # noqa: E731
+    result = {"rows": [{"state": "idle", "way": way, "host_ms": figure(9.0), "ratio_to_native": figure(1.0)}
+                       for way in step_host_time.WAYS],
+              "gpu_rows": [{"way": way, "gpu_ms": figure(ms), "ratio_to_native": figure(ms / 6.0)}
+                           for way, ms in zip(step_host_time.WAYS, (6.0, 6.2, 6.1))]}
+    table = step_host_time.table(result)
+    assert "| way | GPU ms per step, median [95%] |" in table
+    assert "| graph | 6.200 [6.100, 6.300] | 1.033 [0.933, 1.133] |" in table
