@@ -20,7 +20,8 @@ against the cache's deterministic configs (Note [Deterministic calls] in extensi
 Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
 and state it prints the host time per step, median [95%], and the median of its per-round ratios to native's
 [95%]; on a GPU, also each way's GPU time per step in the same rounds (torch.profiler, GPU_STEPS profiled steps
-per round: kernels and copies), the same way: a faster host path must not run slower kernels; --profile adds each way's self CPU time per step by operator and CUDA runtime call (torch.profiler).
+per round: kernels and copies), the same way: a faster host path must not run slower kernels; --profile adds
+each way's self CPU time per step by operator and CUDA runtime call (torch.profiler).
 
     python3 scripts/step_host_time.py --workload resnet18_fp16_cl --rounds 30
     python3 scripts/step_host_time.py --workload resnet50_fp32 --profile --json /tmp/step_host_time.json

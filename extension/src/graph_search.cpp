@@ -227,17 +227,15 @@ class EngineSearch {
     }
   }
 
-  // Native's deterministic pick, heuristics' first deterministic config that builds, unless it was tried in
-  // step 1 (Note [Deterministic calls] in runtime.h): so that a deterministic call finds a deterministic config
-  // at least as fast as native's in every ranking.
-  // Then native's two deterministic picks among the configs timed so far: heuristics' first deterministic one
-  // (the first timed, as they are timed in heuristics' order) and the fastest deterministic one, standing for
-  // benchmark mode's (Note [Never slower than native's pick]).
+  // Times native's deterministic pick, heuristics' first deterministic config that builds, unless it was tried
+  // in step 1 (Note [Deterministic calls] in runtime.h), so that a deterministic call finds a deterministic
+  // config at least as fast as native's in every ranking. Then notes native's two deterministic picks among the
+  // configs timed so far: heuristics' first deterministic one (the first timed, as they are timed in heuristics'
+  // order) and the fastest deterministic one, standing for benchmark mode's (Note [Never slower than native's
+  // pick]).
   void time_deterministic_pick(const HeuristicPlans& plans) {
     for (std::size_t position = 0; position < plans.indices.size(); ++position) {
-      EngineCandidate notes;
-      notes.numerical_notes = graph_->numerical_notes_at(plans.indices[position]);
-      if (!notes.deterministic()) continue;
+      if (!EngineCandidate::deterministic_notes(graph_->numerical_notes_at(plans.indices[position]))) continue;
       if (names_.count(plans.names[position]) != 0 || time(plans.indices[position])) break;
     }
     for (std::size_t i = 0; i < configs_.size(); ++i) {

@@ -41,8 +41,9 @@
 // runtime.h), so the same holds among deterministic configs against native's deterministic picks: heuristics'
 // first deterministic config (what native runs when deterministic) and the fastest deterministic one of the first
 // pass (standing for benchmark mode's). The search of a deterministic call's miss (rank_deterministic) times them
-// and the fastest deterministic config in the rounds too, and settle_deterministic then lets a deterministic config rank before the faster of those two (the
-// deterministic reference) only where the rounds show it faster than that one; the rest go one step behind it.
+// and the fastest deterministic config in the rounds too, and settle_deterministic then lets a deterministic
+// config rank before the faster of those two (the deterministic reference) only where the rounds show it faster
+// than that one; the rest go one step behind it.
 // Settling only moves deterministic configs back, so it never makes a non-deterministic call's choice one the
 // first settling did not show at least as fast.
 

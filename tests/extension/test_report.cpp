@@ -85,7 +85,9 @@ template <typename Predicate>
 std::size_t count_configs(const Checkpoint& checkpoint, Predicate holds) {
   std::size_t count = 0;
   for (const CheckpointSection& section : checkpoint.sections) {
-    for (const auto& [key, ranking] : section.graph_forward) count += std::count_if(ranking.begin(), ranking.end(), holds);
+    for (const auto& [key, ranking] : section.graph_forward) {
+      count += std::count_if(ranking.begin(), ranking.end(), holds);
+    }
   }
   return count;
 }

@@ -176,8 +176,10 @@ struct EngineCandidate {
   bool succeeded() const { return true; }
   // Whether cuDNN reports the engine deterministic: what a deterministic call may run. A config whose notes
   // are unknown is not known to be.
-  bool deterministic() const {
-    return numerical_notes != kNotesUnknown && (numerical_notes & kNondeterministic) == 0;
+  bool deterministic() const { return deterministic_notes(numerical_notes); }
+  // Whether numerical notes (as numerical_notes holds them) are those of a deterministic engine.
+  static constexpr bool deterministic_notes(std::int32_t notes) {
+    return notes != kNotesUnknown && (notes & kNondeterministic) == 0;
   }
   const Knob* knobs_begin() const { return knobs.data(); }
   const Knob* knobs_end() const { return knobs.data() + knob_count; }
