@@ -506,3 +506,33 @@ TEST_CASE("engine configs rank and merge by the same rule, one measurement per e
   CHECK(*cache.find(conv_key(Direction::forward)) == ranking);
   CHECK_THROWS_AS(cache.insert(conv_key(Direction::backward_data), ranking), Error);
 }
+
+TEST_CASE("a merge keeps the better measurement of a config and the numerical notes whichever measurement knows them",
+          "[perf_cache]") {
+  using Graph = GraphBackwardFilterTraits;
+  EngineCandidate old_file;  // a format 4 entry: faster, notes unknown
+  old_file.engine_id = 5;
+  old_file.time_ms = 1.0f;
+  EngineCandidate searched = old_file;  // the same config timed again by a search, which read its notes
+  searched.time_ms = 1.1f;
+  searched.numerical_notes = 0;  // deterministic
+  EngineCandidate split = old_file;  // another config, nondeterministic
+  split.engine_id = 6;
+  split.time_ms = 0.9f;
+  split.numerical_notes = EngineCandidate::kNondeterministic;
+  for (const auto& [a, b] : {std::pair{Ranking<Graph>::of({old_file, split}), Ranking<Graph>::of({searched})},
+                             std::pair{Ranking<Graph>::of({searched}), Ranking<Graph>::of({old_file, split})}}) {
+    const auto merged = merge(a, b);
+    REQUIRE(merged.size() == 2);
+    CHECK(merged[1].engine_id == 5);
+    CHECK(merged[1].time_ms == 1.0f);  // the better measurement
+    CHECK(merged[1].deterministic());  // and what the search knew of the config
+    CHECK_FALSE(merged[0].deterministic());
+    CHECK(merged[0].numerical_notes == EngineCandidate::kNondeterministic);
+  }
+  // Notes already known are not replaced by another measurement's.
+  EngineCandidate other_notes = searched;
+  other_notes.time_ms = 2.0f;
+  other_notes.numerical_notes = EngineCandidate::kNondeterministic;
+  CHECK(merge(Ranking<Graph>::of({searched}), Ranking<Graph>::of({other_notes}))[0].numerical_notes == 0);
+}

@@ -16,7 +16,8 @@
 // Merge rule. When a key already has a ranking (a load into a non-empty cache, merging two files, a re-tune),
 // the two are merged candidate by candidate: for each choice the better measurement by the
 // order above is kept (a faster measured time wins; on a tie, the smaller workspace wins; a success beats a
-// failure), and the union is ranked again. Measurements are never averaged: each one is a median already.
+// failure), and the union is ranked again. Measurements are never averaged: each one is a median already. What
+// cuDNN says of a config itself (its numerical notes) is kept from whichever measurement knows it.
 //
 // Fallback. A caller walks a ranking front to back and runs the first candidate that fits its constraints
 // (determinism when deterministic algorithms are requested) and whose workspace it can allocate; when one
@@ -253,10 +254,19 @@ class Ranking {
     Ranking ranking;
     ranking.candidates_.reserve(std::min(all.size(), capacity));
     for (const value_type& candidate : all) {
-      if (ranking.size() == capacity) break;
-      const bool seen = std::any_of(ranking.begin(), ranking.end(),
-                                    [&](const value_type& kept) { return kept.same_choice(candidate); });
-      if (!seen) ranking.candidates_.push_back(candidate);  // the first seen is the better one
+      const auto kept = std::find_if(ranking.candidates_.begin(), ranking.candidates_.end(),
+                                     [&](const value_type& k) { return k.same_choice(candidate); });
+      if (kept == ranking.candidates_.end()) {
+        if (ranking.size() < capacity) ranking.candidates_.push_back(candidate);
+        continue;
+      }
+      // The first seen is the better measurement. What cuDNN says of the config itself is the same in every
+      // measurement of it, so a worse one that knows it (a new search) completes a better one that does not
+      // (a file of format <= 4, which recorded no numerical notes): else the merge would hide that the config
+      // is deterministic, and a deterministic call would pass it over.
+      if constexpr (is_graph<Traits>) {
+        if (kept->numerical_notes == EngineCandidate::kNotesUnknown) kept->numerical_notes = candidate.numerical_notes;
+      }
     }
     return ranking;
   }
