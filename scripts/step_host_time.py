@@ -17,6 +17,12 @@ by two steps first:
 --deterministic runs every way under torch.use_deterministic_algorithms(True): native's deterministic engines
 against the cache's deterministic configs (Note [Deterministic calls] in extension/include/cudnn_cache/runtime.h).
 
+--plans says which execution plans the graph way runs (a GPU only): 'search' (default) those the search built
+and kept, as in the process that tuned; 'caller' the same configs' plans dropped after tuning and built again by
+the warm-up steps, on this thread's cuDNN handle; 'pool' dropped and built again by cudnn_cache.prepare() on its
+pool's handles, as in a warm process. PyTorch builds every plan on the handle of the thread that runs it; a
+step whose host time depends on which handle built its plans shows it here, one process per choice.
+
 Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
 and state it prints the host time per step, median [95%], and the median of its per-round ratios to native's
 [95%]; on a GPU, also each way's GPU time per step in the same rounds (torch.profiler, GPU_STEPS profiled steps
@@ -26,6 +32,7 @@ each way's self CPU time per step by operator and CUDA runtime call (torch.profi
     python3 scripts/step_host_time.py --workload resnet18_fp16_cl --rounds 30
     python3 scripts/step_host_time.py --workload resnet50_fp32 --profile --json /tmp/step_host_time.json
     python3 scripts/step_host_time.py --workload resnet18_fp16_cl --deterministic
+    python3 scripts/step_host_time.py --workload mobilenet_v2_bf16_cl --plans pool
 
 Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code (idle only) as a smoke test.
 """
@@ -49,6 +56,7 @@ from bench_cases import (WORKLOADS, device_of, gpu_time_per_step, in_turn, initi
 from bench_stats import median_interval  # noqa: E402
 
 WAYS = ("native", "graph", "legacy")
+PLANS = ("search", "caller", "pool")  # --plans
 PROFILED = 3  # steps per way and state with --profile
 GPU_STEPS = 3  # profiled steps per way and round, on a GPU
 SHOWN = 25  # rows of the --profile table
@@ -104,8 +112,19 @@ def self_cpu_us(step: Callable[[], None], device: torch.device, busy_ms: float) 
     return dict(totals)
 
 
+def rebuild_plans(cache, plans: str) -> int:
+    """Drops the execution plans the search kept and builds them again as --plans says ('caller': the warm-up
+    steps build them; 'pool': prepare() does now); returns the plans prepare() made ready."""
+    if plans == "search":
+        return 0
+    limit = cache.plan_cache_limit()
+    cache.set_plan_cache_limit(1)  # evicts all but the newest plan
+    cache.set_plan_cache_limit(limit)
+    return cache.prepare() if plans == "pool" else 0
+
+
 def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, profile: bool,
-            deterministic: bool = False) -> dict:
+            deterministic: bool = False, plans: str = "search") -> dict:
     import cudnn_cache as cache
 
     initialise_libraries(device, cache)
@@ -121,6 +140,8 @@ def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, pr
         use(cache, way)
         step()
     cache.set_miss_policy("error")  # a convolution the tuning missed fails loudly instead of tuning in a round
+    built_before = cache.stats()["plans_built"]
+    prepared = rebuild_plans(cache, plans)
     states = {"idle": 0.0, "busy": busy_ms} if device.type == "cuda" else {"idle": 0.0}
     times: Dict[str, Dict[str, List[float]]] = {state: {way: [] for way in WAYS} for state in states}
     gpu: Dict[str, List[float]] = {way: [] for way in WAYS}
@@ -142,7 +163,9 @@ def measure(workload: str, device: torch.device, rounds: int, busy_ms: float, pr
     rows = [row(times[state], way, "host_ms", state=state) for state in states for way in WAYS]
     gpu_rows = [row(gpu, way, "gpu_ms") for way in WAYS] if gpu["native"] else []
     result = {"workload": workload, "device": str(device), "rounds": rounds, "busy_ms": busy_ms,
-              "deterministic": deterministic, "rows": rows, "gpu_rows": gpu_rows}
+              "deterministic": deterministic, "plans": plans, "plans_prepared": prepared,
+              "plans_built_after_tuning": cache.stats()["plans_built"] - built_before,
+              "rows": rows, "gpu_rows": gpu_rows}
     if profile:
         result["self_cpu_us"] = {state: {} for state in states}
         for state, queued in states.items():
@@ -194,6 +217,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="also each way's self CPU time per operator")
     parser.add_argument("--deterministic", action="store_true",
                         help="every way under torch.use_deterministic_algorithms(True)")
+    parser.add_argument("--plans", choices=PLANS, default="search",
+                        help="which execution plans the graph way runs: the search's (default), built again on this "
+                             "thread's handle, or by prepare() on its pool's (a GPU only)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -202,9 +228,12 @@ def main(argv=None) -> int:
     device = device_of(parser, args, "step_host_time")
     if device is None:
         return 2
-    result = measure(args.workload, device, args.rounds, args.busy_ms, args.profile, args.deterministic)
+    if args.plans != "search" and device.type != "cuda":
+        parser.error(f"--plans {args.plans} needs a CUDA device: execution plans are the GPU path's")
+    result = measure(args.workload, device, args.rounds, args.busy_ms, args.profile, args.deterministic, args.plans)
     print(f"{WORKLOADS[args.workload].label}: {args.rounds} rounds, {device}"
-          f"{', deterministic' if args.deterministic else ''}\n")
+          f"{', deterministic' if args.deterministic else ''}, plans: {args.plans}"
+          f" ({result['plans_built_after_tuning']} built after tuning, {result['plans_prepared']} prepared)\n")
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -30,6 +30,7 @@ def test_reports_each_way_against_native_paired_per_round_with_a_profile(tmp_pat
         assert row["host_ms"]["lo"] > 0
     assert result["rows"][0]["ratio_to_native"] == {"median": 1.0, "lo": 1.0, "hi": 1.0, "n": 6}
     assert result["gpu_rows"] == []  # no GPU time on the CPU, and no table of it
+    assert result["plans"] == "search" and result["plans_prepared"] == 0
     profile = result["self_cpu_us"]["idle"]
     assert set(profile) == {"native", "graph", "legacy"}
     assert all(profile[way]["aten::convolution"]["calls"] == 2 for way in profile)  # the seed model's two convs
@@ -50,6 +51,8 @@ def test_refuses_too_few_rounds_and_a_kernel_of_no_length():
     assert done.returncode == 2 and "--rounds must be >= 6" in done.stderr
     done = run("--busy-ms", "0")
     assert done.returncode == 2 and "--busy-ms must be > 0" in done.stderr
+    done = run("--plans", "pool")
+    assert done.returncode == 2 and "--plans pool needs a CUDA device" in done.stderr
 
 
 def test_the_gpu_time_table_shows_each_way_against_native():
