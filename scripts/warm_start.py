@@ -14,12 +14,19 @@ entries accumulate across runs (and across models).
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive \\
         --output resnet50.cache
     python3 scripts/warm_start.py --pending shapes.cache
+    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --deterministic \\
+        --output resnet50.cache
 
 --exhaustive times every engine config cuDNN offers for each convolution (heuristics modes A and B and the
 fallback list, and a wider knob neighbourhood: the tuning option exhaustive=True), minutes where the default
 takes seconds, for CI or a one-off tuning job whose file every later run loads. It searches every key of the
 model again, whether or not the file holds it, and the save merges with the file (per key, the faster
 measurement of each candidate wins).
+
+--deterministic is for a file that deterministic training (torch.use_deterministic_algorithms, or
+cudnn.deterministic) will load: each search also settles the deterministic configs against native's deterministic
+picks in its paired rounds (the tuning option rank_deterministic=True), as a deterministic call's own miss would;
+searches take longer. Keys the file already holds are not searched again; with --pending too.
 
 --pending FILE tunes FILE's pending keys instead of a model's convolutions: the shapes a training run met and did
 not tune (the 'record' miss policy, Note [Pending keys]), for this GPU's identity, saved into FILE (merged). It is
@@ -80,6 +87,9 @@ def parse_args(argv):
                              "--pending, FILE itself")
     parser.add_argument("--exhaustive", action="store_true",
                         help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="for deterministic training: also settle the deterministic configs of each key against "
+                             "native's deterministic picks (longer searches)")
     parser.add_argument("--remote", metavar="URL", type=url_argument,
                         help="a Redis store shared by many machines: redis://[[user]:password@]host[:port][/db] or "
                              "rediss://; its entries of this GPU are merged in, the file's entries pushed to it")
@@ -188,6 +198,8 @@ def tune_pending_keys(args, cudnn_cache, rank_device) -> int:
         print(f"warm_start: --pending {args.pending}: no such file", file=sys.stderr)
         return 1
     cudnn_cache.load(args.pending)
+    if args.deterministic:
+        cudnn_cache.set_tuning_options(rank_deterministic=True)
     if not distributed:
         tuned = cudnn_cache.tune_pending(device=device.index)
         cudnn_cache.save(args.pending)
@@ -209,8 +221,8 @@ def warm_start(args, cudnn_cache, rank_device) -> int:
         loaded = cudnn_cache.load(args.output)  # and the remote store's entries of this GPU, with --remote
     else:
         loaded = 0 if args.exhaustive else cudnn_cache.pull_remote()
-    if args.exhaustive:
-        cudnn_cache.set_tuning_options(exhaustive=True)
+    if args.exhaustive or args.deterministic:
+        cudnn_cache.set_tuning_options(exhaustive=args.exhaustive, rank_deterministic=args.deterministic)
     model = build_model(args, device, dtype)
     cudnn_cache.reset_stats()
 

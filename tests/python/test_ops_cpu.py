@@ -640,11 +640,13 @@ def test_prepare_rejects_negative_threads():
 def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
     assert cudnn_cache.tuning_options() == {"warmup": 3, "repetitions": 7, "max_candidates": 10,
                                             "mode_b_candidates": 3, "knob_variants": 4, "finalists": 3, "flush_l2": True,
-                                            "give_up_ratio": 1.5, "build_threads": 0, "exhaustive": False}
-    cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False, build_threads=4, exhaustive=True)
+                                            "give_up_ratio": 1.5, "build_threads": 0, "exhaustive": False,
+                                            "rank_deterministic": False}
+    cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False, build_threads=4, exhaustive=True,
+                                   rank_deterministic=True)
     options = cudnn_cache.tuning_options()
     assert options["repetitions"] == 11 and options["flush_l2"] is False and options["warmup"] == 3
-    assert options["build_threads"] == 4 and options["exhaustive"] is True
+    assert options["build_threads"] == 4 and options["exhaustive"] is True and options["rank_deterministic"] is True
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['repeats'\]"):
         cudnn_cache.set_tuning_options(repeats=5)
     with pytest.raises(RuntimeError, match="tuning option repetitions must be >= 1, got 0"):

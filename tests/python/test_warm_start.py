@@ -24,6 +24,36 @@ def test_arguments_take_exhaustive_and_repeated_shapes():
                                       "--output", "x.cache"]).exhaustive
 
 
+class RecordingCache:
+    """What warm_start asks of cudnn_cache, in order, where the calls need no GPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return 0
+        return record
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_ranks_deterministic_configs_in_the_searches_it_runs(tmp_path, deterministic):
+    path = tmp_path / "shapes.cache"
+    path.write_bytes(b"")
+    args = warm_start.parse_args(["--pending", str(path), *(["--deterministic"] if deterministic else [])])
+    assert args.deterministic is deterministic
+    cache = RecordingCache()
+    cache.distributed = RecordingCache()  # recorded_misses() in the report
+    cache.distributed.recorded_misses = lambda: []
+    assert warm_start.tune_pending_keys(args, cache, None) == 0
+    names = [name for name, _, _ in cache.calls]
+    assert names[0] == "load" and names[-2:] == ["tune_pending", "save"]
+    expected = [("set_tuning_options", (), {"rank_deterministic": True})] if deterministic else []
+    assert [call for call in cache.calls if call[0] == "set_tuning_options"] == expected
+    assert names.index("tune_pending") > (names.index("set_tuning_options") if deterministic else 0)
+
+
 def test_pending_takes_the_file_alone_and_writes_into_it():
     args = warm_start.parse_args(["--pending", "shapes.cache"])
     assert args.pending == args.output == "shapes.cache"
@@ -82,9 +112,11 @@ def test_exhaustive_times_more_engine_configs_per_key_than_the_default(cache_sta
 
 
 @pytest.mark.gpu
-def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_path):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_path, torch_flags, deterministic):
     """Note [Pending keys]: a run under the record policy saves what it met; warm_start --pending tunes it into
-    the file, and a process that loads it misses nothing."""
+    the file, and a process that loads it misses nothing; with --deterministic, deterministic calls run it on the
+    graph path, a deterministic config of each ranking."""
     cudnn_cache = cache_state
     cudnn_cache.set_miss_policy("record")
     x = torch.randn(2, 8, 12, 12, device="cuda", requires_grad=True)
@@ -93,10 +125,19 @@ def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_p
     path = tmp_path / "shapes.cache"
     cudnn_cache.save(str(path))
     cudnn_cache.clear()
-    process = subprocess.run([sys.executable, str(SCRIPT), "--pending", str(path)], env=child_env, capture_output=True,
-                             text=True, timeout=300)
+    process = subprocess.run([sys.executable, str(SCRIPT), "--pending", str(path),
+                              *(["--deterministic"] if deterministic else [])],
+                             env=child_env, capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr[-3000:]
     assert "tuned 3 pending keys" in process.stdout, process.stdout
     assert cudnn_cache.load(str(path)) == 3
     cudnn_cache.set_miss_policy("error")
     conv(x).sum().backward()
+    if deterministic:
+        # A ranking with no config known to be deterministic would send deterministic calls to the legacy
+        # backend, whose miss the 'error' policy raises (Note [Deterministic calls]).
+        torch.use_deterministic_algorithms(True)
+        conv(x).sum().backward()
+        for direction in ("forward", "backward_data", "backward_filter"):
+            key = cudnn_cache.conv_key(direction, x, conv.weight, [1, 1], [1, 1], [1, 1], 1)
+            assert any(entry["deterministic"] for entry in cudnn_cache.query(direction, key)), direction

@@ -257,7 +257,8 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
                         std::optional<std::int64_t> max_candidates, std::optional<std::int64_t> mode_b_candidates,
                         std::optional<std::int64_t> knob_variants, std::optional<std::int64_t> finalists,
                         std::optional<bool> flush_l2, std::optional<double> give_up_ratio,
-                        std::optional<std::int64_t> build_threads, std::optional<bool> exhaustive) {
+                        std::optional<std::int64_t> build_threads, std::optional<bool> exhaustive,
+                        std::optional<bool> rank_deterministic) {
   Runtime& runtime = Runtime::instance();
   GraphSearchOptions options = runtime.search_options();
   const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
@@ -276,6 +277,7 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
   if (flush_l2) options.flush_l2 = *flush_l2;
   if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
   if (exhaustive) options.exhaustive = *exhaustive;
+  if (rank_deterministic) options.rank_deterministic = *rank_deterministic;
   rethrow([&] { runtime.set_search_options(options); });
 }
 
@@ -292,6 +294,7 @@ c10::Dict<std::string, c10::IValue> get_tuning_options() {
   result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
   result.insert("build_threads", static_cast<std::int64_t>(options.build_threads));
   result.insert("exhaustive", options.exhaustive);
+  result.insert("rank_deterministic", options.rank_deterministic);
   return result;
 }
 

@@ -275,7 +275,11 @@ def set_tuning_options(**options) -> None:
       on; 1: build on the calling thread only;
     - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's
       heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least;
-      the bounds above on candidates are ignored. Minutes per model, paid once.
+      the bounds above on candidates are ignored. Minutes per model, paid once;
+    - rank_deterministic (False): also time the deterministic configs again beside native's deterministic picks
+      in the finalists' rounds, as a deterministic call's own search does, so that what deterministic calls
+      run (the ranking's first deterministic config) is settled too; for tuning ahead of deterministic
+      training (scripts/warm_start.py --deterministic). Those rounds make each search longer.
     """
     unknown = set(options) - set(tuning_options())
     if unknown:

@@ -217,7 +217,8 @@ struct GraphSearchOptions {
   float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
   // Also rank the deterministic configs against native's deterministic picks in the paired rounds (Note [Never
-  // slower than native's pick]): set for the search of a deterministic call's miss. Other searches time native's
+  // slower than native's pick]): set for the search of a deterministic call's miss, and for every search by the
+  // tuning option of that name (tuning ahead of deterministic training). Other searches time native's
   // deterministic pick too, but leave deterministic configs in their first-pass order: the rounds cost time.
   bool rank_deterministic = false;
   // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
