@@ -17,10 +17,11 @@ by two steps first:
 --deterministic runs every way under torch.use_deterministic_algorithms(True): native's deterministic engines
 against the cache's deterministic configs (Note [Deterministic calls] in extension/include/cudnn_cache/runtime.h).
 
---plans says which execution plans the graph way runs (a GPU only): 'search' (default) those the search built
-and kept, as in the process that tuned; 'caller' the same configs' plans dropped after tuning and built again by
-the warm-up steps, on this thread's cuDNN handle; 'pool' dropped and built again by cudnn_cache.prepare() on its
-pool's handles, as in a warm process. PyTorch builds every plan on the handle of the thread that runs it; a
+--plans says which execution plans the graph way runs (a GPU only): 'search' (default) those kept after each
+search, as in the process that tuned (made again from the search's on this thread's handle: Note [The plan a
+search keeps] in extension/src/plan_cache.h); 'caller' the same configs' plans dropped after tuning and made
+again by the warm-up steps, on this thread's cuDNN handle; 'pool' dropped and made again by
+cudnn_cache.prepare() on its pool's handles, as in a warm process. PyTorch builds every plan on the handle of the thread that runs it; a
 step whose host time depends on which handle built its plans shows it here, one process per choice.
 
 Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
@@ -113,7 +114,7 @@ def self_cpu_us(step: Callable[[], None], device: torch.device, busy_ms: float) 
 
 
 def rebuild_plans(cache, plans: str) -> int:
-    """Drops the execution plans the search kept and builds them again as --plans says ('caller': the warm-up
+    """Drops the execution plans kept after tuning and builds them again as --plans says ('caller': the warm-up
     steps build them; 'pool': prepare() does now); returns the plans prepare() made ready."""
     if plans == "search":
         return 0
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
     parser.add_argument("--deterministic", action="store_true",
                         help="every way under torch.use_deterministic_algorithms(True)")
     parser.add_argument("--plans", choices=PLANS, default="search",
-                        help="which execution plans the graph way runs: the search's (default), built again on this "
+                        help="which execution plans the graph way runs: those kept after tuning (default), built again on this "
                              "thread's handle, or by prepare() on its pool's (a GPU only)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")

@@ -138,13 +138,14 @@ class GraphBackend {
   GraphBackend(cudnnHandle_t handle, int device, const ConvolutionKey& key, PlanCache& plans, PlanStore& stored)
       : handle_(handle), device_(device), key_(key), plans_(plans), stored_(stored) {}
 
-  // search_engine_configs; the plan it built for the best config is kept, not built again.
+  // search_engine_configs; the plan cache keeps a plan of the best config, made from the one the search built
+  // (Note [The plan a search keeps]).
   Ranking<GraphTraits<D>> search(const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                  const GraphSearchOptions& options) {
     std::shared_ptr<const GraphPlan> best_plan;
     const std::vector<EngineCandidate> configs =
         search_engine_configs(handle_, key_, buffers, allocate, options, &best_plan);
-    if (best_plan) plans_.adopt(device_, key_, configs.front(), std::move(best_plan), stored_);
+    if (best_plan) plans_.adopt(handle_, device_, key_, configs.front(), std::move(best_plan), stored_);
     return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
   }
 

@@ -41,10 +41,24 @@ PlanCache::Entry PlanCache::get(cudnnHandle_t handle, int device, const Convolut
   return insert(slot, std::move(made));
 }
 
-void PlanCache::adopt(int device, const ConvolutionKey& key, const EngineCandidate& config,
-                      std::shared_ptr<const GraphPlan> plan, PlanStore& stored) {
-  keep_serialized(key, config, *plan, stored);
-  insert(Slot{device, key, config}, Entry{std::move(plan), nullptr});
+void PlanCache::adopt(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
+                      std::shared_ptr<const GraphPlan> searched, PlanStore& stored) {
+  // Note [The plan a search keeps]: the plan a warm process would make, not the search's, which holds the
+  // search's whole graph and every candidate built in it.
+  std::shared_ptr<const GraphPlan> remade;
+  try {
+    if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0) {
+      keep_serialized(key, config, *searched, stored);
+      if (const std::shared_ptr<const StoredPlan> bytes = stored.find(key); bytes && bytes->config.same_choice(config)) {
+        remade = std::make_shared<const GraphPlan>(handle, key, bytes->bytes);
+      }
+    } else {
+      remade = std::make_shared<const GraphPlan>(handle, key, config);
+    }
+  } catch (const Error& e) {
+    debug("kept the search's own plan of ", to_string(config), " for ", key, ": ", e.what());
+  }
+  insert(Slot{device, key, config}, Entry{remade ? std::move(remade) : std::move(searched), nullptr});
 }
 
 void PlanCache::set_limit(std::size_t limit) {

@@ -21,6 +21,17 @@
 // counts as used (its caller is about to run it). Entries can leave, so get() returns its entry by value, a
 // shared pointer: a plan another thread runs stays alive until that run ends. Evicted plans are destroyed
 // after the lock is released, since destroying a plan calls into cuDNN.
+//
+// Note [The plan a search keeps]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A search builds 10-18 plans per key in one cudnn-frontend graph (and its workers' graphs), and the plan of
+// its best config is a plan of that graph: kept as it is, it would keep every candidate the search built
+// alive, runtime-compiled kernels and all, for as long as the entry lives, and run from a graph, and
+// possibly a handle, that no warm process has. So the tuning process runs what a warm process runs, so that
+// its steady step is the warm one's: a runtime-compiled config's plan is serialized (as it is
+// for the file anyway) and restored from those bytes on the calling thread's handle, milliseconds where a
+// compilation takes 50-250 ms; any other config's is built again from the config, about a millisecond. The
+// search's graph is freed when the search returns. Only where neither can be made is the search's plan kept.
 
 #include <atomic>
 #include <cstdint>
@@ -56,9 +67,12 @@ class PlanCache {
   Entry get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
                    PlanStore& stored, bool best);
 
-  // Keeps `plan`, which a search built for `config`, as if get() had built it (and stores it, as get() would).
-  void adopt(int device, const ConvolutionKey& key, const EngineCandidate& config,
-             std::shared_ptr<const GraphPlan> plan, PlanStore& stored);
+  // Keeps a plan of `config`, the best config a search found, for the calls that follow: the plan a warm process
+  // would run, made on `handle` from `searched` (the search's plan of that config), which is kept itself only
+  // where that fails (Note [The plan a search keeps]). Stores the plan as get() would. Counted in the
+  // search's time, not among the plans built or restored.
+  void adopt(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
+             std::shared_ptr<const GraphPlan> searched, PlanStore& stored);
 
   // At most how many entries are kept (0: no bound); see Note [Plan cache]. A lower limit evicts at once, as
   // an insert over it would.

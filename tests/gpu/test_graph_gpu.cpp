@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cudnn_cache/graph.h"
+#include "plan_cache.h"
 
 using namespace cudnn_cache;
 
@@ -308,7 +309,7 @@ TEST_CASE("the backend decides which cache a call uses", "[gpu][graph][runtime]"
     runtime.convolve<Direction::backward_filter>(handle.handle, 0, key, operands.buffers(), allocate, false);
   }
   CHECK(runtime.stats().tunes == before.tunes + 2);
-  // The graph call ran the plan its search built: none was built again.
+  // The graph call ran the plan kept after its search (Note [The plan a search keeps]): none was built again.
   CHECK(runtime.stats().plans_built == before.plans_built);
   CHECK(caches.backward_filter.find(key) != nullptr);
   CHECK(caches.graph_backward_filter.find(key) != nullptr);
@@ -390,6 +391,62 @@ TEST_CASE("a runtime-compiled plan serializes, restores without compiling, and c
 
   std::vector<std::uint8_t> garbage(bytes.size(), 0x5a);
   CHECK_THROWS_AS(GraphPlan(handle.handle, problem.key, garbage), Error);
+}
+
+TEST_CASE("the plan a search keeps is made as a warm process makes it, and the search's own is freed",
+          "[gpu][graph][plans]") {
+  Handle handle;
+  std::mt19937 random(12);
+  // The plan cache keeps the plan of the best config, made again; runs it as a call would.
+  const auto kept_and_run = [&](const Problem& problem, Operands& operands, const EngineCandidate& config,
+                                std::shared_ptr<const GraphPlan> searched, bool remade) {
+    PlanCache plans(Runtime::instance());
+    PlanStore stored;
+    const std::weak_ptr<const GraphPlan> search_plan = searched;
+    plans.adopt(handle.handle, 0, problem.key, config, std::move(searched), stored);
+    CHECK(search_plan.expired() == remade);  // gone, with the search's graph and every plan built in it
+    const bool compiled = (config.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
+    CHECK((stored.find(problem.key) != nullptr) == compiled);  // stored for the file, as get() would
+    const PlanCache::Entry entry = plans.get(handle.handle, 0, problem.key, config, stored, true);
+    REQUIRE(entry.plan);
+    CHECK(plans.plans_built == 0);  // get() found the plan adopt() kept; making it is part of the search
+    CHECK(plans.plans_deserialized == 0);
+    cudaMemset(operands.written->data, 0, operands.written->count * element_bytes(operands.written->type));
+    auto workspace = entry.plan->workspace_bytes() > 0 ? allocate(entry.plan->workspace_bytes()) : Workspace();
+    entry.plan->execute(handle.handle, operands.buffers(), workspace.data());
+    check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+  };
+
+  SECTION("a precompiled engine's plan is built again from its config") {
+    const Problem problem = problems()[1];
+    Operands operands(problem.key, random);
+    std::shared_ptr<const GraphPlan> searched;
+    const std::vector<EngineCandidate> configs =
+        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, {}, &searched);
+    REQUIRE(searched);
+    REQUIRE((configs.front().behavior_notes & EngineCandidate::kRuntimeCompiled) == 0);
+    kept_and_run(problem, operands, configs.front(), std::move(searched), true);
+  }
+  SECTION("a runtime-compiled engine's plan is restored from its serialized bytes") {
+    const Problem problem = depthwise_problem(6);
+    Operands operands(problem.key, random);
+    const EngineCandidate config = runtime_compiled_config(handle.handle, problem.key, operands.buffers());
+    kept_and_run(problem, operands, config, std::make_shared<const GraphPlan>(handle.handle, problem.key, config),
+                 true);
+  }
+  SECTION("where the config cannot be built again, the search's own plan is kept") {
+    const Problem problem = problems()[1];
+    Operands operands(problem.key, random);
+    std::shared_ptr<const GraphPlan> searched;
+    const std::vector<EngineCandidate> configs =
+        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, {}, &searched);
+    REQUIRE(searched);
+    EngineCandidate unknown = configs.front();  // an engine cuDNN does not know, with the search's plan
+    unknown.engine_id = 1 << 20;
+    unknown.heuristic_index = EngineCandidate::kNotListed;
+    unknown.behavior_notes = 0;
+    kept_and_run(problem, operands, unknown, std::move(searched), false);
+  }
 }
 
 TEST_CASE("the runtime restores stored plans, rebuilds those of another cuDNN or corrupt ones, and counts both",

@@ -388,6 +388,14 @@ def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
     assert done.returncode == 2 and "no CUDA GPU" in done.stderr
 
 
+@pytest.mark.parametrize("arguments", [[], ["--keys", "0"], ["--keys", "4", "--processes", "5"]])
+def test_build_scaling_refuses_bad_arguments_and_runs_only_on_a_gpu(arguments):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_scaling.py"), *arguments],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 2
+    assert ("no CUDA GPU" if not arguments else "must be between") in done.stderr
+
+
 def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
     done = run_script("--output-dir", tmp_path, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 2, done.stderr

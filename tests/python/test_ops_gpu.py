@@ -414,7 +414,7 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
         assert best["engine_id"] >= 0 and best["engine"].startswith(f"engine {best['engine_id']}")
         assert len(best["knobs"]) % 2 == 0 and isinstance(best["runtime_compiled"], bool)
         assert all(isinstance(entry["deterministic"], bool) for entry in ranking)  # format 5 records it
-        assert cudnn_cache.stats()["plans_built"] == 0  # the run used the plan its search built
+        assert cudnn_cache.stats()["plans_built"] == 0  # the run used the plan kept after its search
     else:
         assert isinstance(best["algorithm"], str) and best["algorithm"]
         assert best["status"] == "CUDNN_STATUS_SUCCESS"

@@ -83,8 +83,8 @@ inline constexpr std::size_t kGraphAlignment = 32;
 // Times every engine config cuDNN offers for the key on the buffers and returns them ranked (Note
 // [Selection, merge and fallback policy]). The direction's output buffer is overwritten. Throws Error if cuDNN
 // cannot express the problem as a graph or no config runs.
-// With `best_plan`, also hands back the plan the search built for the best config, so it need not be built
-// again (for an engine cuDNN compiles at run time, that is a second compilation).
+// With `best_plan`, also hands back the plan the search built for the best config, so that an engine cuDNN
+// compiles at run time need not be compiled again (PlanCache::adopt restores its serialized bytes).
 class GraphPlan;
 std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,

@@ -131,7 +131,8 @@ struct Stats {
   std::uint64_t fallbacks = 0;      // calls that could not run their best cached candidate, or whose key is
                                     // cached only for another GPU or cuDNN
   std::uint64_t tune_us = 0;        // time spent in those searches, in microseconds
-  std::uint64_t plans_built = 0;    // graph-API execution plans built (by calls and by prepare)
+  std::uint64_t plans_built = 0;    // graph-API execution plans built (by calls and by prepare; the plan a
+                                    // search keeps is part of its tune_us, Note [The plan a search keeps])
   std::uint64_t plan_build_us = 0;  // time spent building them, in microseconds
   std::uint64_t plans_deserialized = 0;  // plans restored from a stored plan instead (Note [Stored plans])
   std::uint64_t plan_rebuilds = 0;       // stored plans this process could not load, so built from the config
