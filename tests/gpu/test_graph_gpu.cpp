@@ -417,35 +417,36 @@ TEST_CASE("the plan a search keeps is made as a warm process makes it, and the s
     check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
   };
 
-  SECTION("a precompiled engine's plan is built again from its config") {
-    const Problem problem = problems()[1];
-    Operands operands(problem.key, random);
-    std::shared_ptr<const GraphPlan> searched;
+  // A search of the dense problem, and the plan it built for its best config.
+  const Problem problem = problems()[1];
+  Operands dense(problem.key, random);
+  std::shared_ptr<const GraphPlan> searched;
+  const auto search = [&] {
     const std::vector<EngineCandidate> configs =
-        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, {}, &searched);
+        search_engine_configs(handle.handle, problem.key, dense.buffers(), allocate, {}, &searched);
     REQUIRE(searched);
+    return configs;
+  };
+
+  SECTION("a precompiled engine's plan is built again from its config") {
+    const std::vector<EngineCandidate> configs = search();
     REQUIRE((configs.front().behavior_notes & EngineCandidate::kRuntimeCompiled) == 0);
-    kept_and_run(problem, operands, configs.front(), std::move(searched), true);
+    kept_and_run(problem, dense, configs.front(), std::move(searched), true);
   }
   SECTION("a runtime-compiled engine's plan is restored from its serialized bytes") {
-    const Problem problem = depthwise_problem(6);
-    Operands operands(problem.key, random);
-    const EngineCandidate config = runtime_compiled_config(handle.handle, problem.key, operands.buffers());
-    kept_and_run(problem, operands, config, std::make_shared<const GraphPlan>(handle.handle, problem.key, config),
-                 true);
+    const Problem depthwise = depthwise_problem(6);
+    Operands operands(depthwise.key, random);
+    const EngineCandidate config = runtime_compiled_config(handle.handle, depthwise.key, operands.buffers());
+    kept_and_run(depthwise, operands, config,
+                 std::make_shared<const GraphPlan>(handle.handle, depthwise.key, config), true);
   }
   SECTION("where the config cannot be built again, the search's own plan is kept") {
-    const Problem problem = problems()[1];
-    Operands operands(problem.key, random);
-    std::shared_ptr<const GraphPlan> searched;
-    const std::vector<EngineCandidate> configs =
-        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, {}, &searched);
-    REQUIRE(searched);
+    const std::vector<EngineCandidate> configs = search();
     EngineCandidate unknown = configs.front();  // an engine cuDNN does not know, with the search's plan
     unknown.engine_id = 1 << 20;
     unknown.heuristic_index = EngineCandidate::kNotListed;
     unknown.behavior_notes = 0;
-    kept_and_run(problem, operands, unknown, std::move(searched), false);
+    kept_and_run(problem, dense, unknown, std::move(searched), false);
   }
 }
 
