@@ -21,8 +21,9 @@ against the cache's deterministic configs (Note [Deterministic calls] in extensi
 search, as in the process that tuned (made again from the search's on this thread's handle: Note [The plan a
 search keeps] in extension/src/plan_cache.h); 'caller' the same configs' plans dropped after tuning and made
 again by the warm-up steps, on this thread's cuDNN handle; 'pool' dropped and made again by
-cudnn_cache.prepare() on its pool's handles, as in a warm process. PyTorch builds every plan on the handle of the thread that runs it; a
-step whose host time depends on which handle built its plans shows it here, one process per choice.
+cudnn_cache.prepare() on its pool's handles, as in a warm process. PyTorch builds every plan on the handle of
+the thread that runs it; a step whose host time depends on which handle built its plans shows it here, one
+process per choice.
 
 Both cache ways run configs tuned for the model before the rounds (miss policy 'tune', then 'error'). Per way
 and state it prints the host time per step, median [95%], and the median of its per-round ratios to native's
@@ -219,8 +220,8 @@ def main(argv=None) -> int:
     parser.add_argument("--deterministic", action="store_true",
                         help="every way under torch.use_deterministic_algorithms(True)")
     parser.add_argument("--plans", choices=PLANS, default="search",
-                        help="which execution plans the graph way runs: those kept after tuning (default), built again on this "
-                             "thread's handle, or by prepare() on its pool's (a GPU only)")
+                        help="which execution plans the graph way runs: those kept after tuning (default), built "
+                             "again on this thread's handle, or by prepare() on its pool's (a GPU only)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)

@@ -10,15 +10,17 @@
 namespace cudnn_cache {
 namespace {
 
-// Serializes the plan into `stored` when cuDNN compiled its engine at run time (Note [Stored plans]).
-void keep_serialized(const ConvolutionKey& key, const EngineCandidate& config, const GraphPlan& plan,
-                     PlanStore& stored) {
-  if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) == 0) return;
+// Serializes the plan into `stored` when cuDNN compiled its engine at run time (Note [Stored plans]); returns
+// what it stored, null if nothing.
+std::shared_ptr<const StoredPlan> keep_serialized(const ConvolutionKey& key, const EngineCandidate& config,
+                                                  const GraphPlan& plan, PlanStore& stored) {
+  if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) == 0) return nullptr;
   try {
     stored.insert(key, {config, static_cast<std::uint32_t>(cudnnGetVersion()), plan.serialize()});
   } catch (const Error&) {
-    // not serializable here: later processes rebuild it, as without a stored plan
+    return nullptr;  // not serializable here: later processes rebuild it, as without a stored plan
   }
+  return stored.find(key);
 }
 
 }  // namespace
@@ -48,9 +50,8 @@ void PlanCache::adopt(cudnnHandle_t handle, int device, const ConvolutionKey& ke
   std::shared_ptr<const GraphPlan> remade;
   try {
     if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0) {
-      keep_serialized(key, config, *searched, stored);
-      if (const std::shared_ptr<const StoredPlan> bytes = stored.find(key); bytes && bytes->config.same_choice(config)) {
-        remade = std::make_shared<const GraphPlan>(handle, key, bytes->bytes);
+      if (const std::shared_ptr<const StoredPlan> kept = keep_serialized(key, config, *searched, stored)) {
+        remade = std::make_shared<const GraphPlan>(handle, key, kept->bytes);
       }
     } else {
       remade = std::make_shared<const GraphPlan>(handle, key, config);
