@@ -214,17 +214,52 @@ std::optional<EngineCandidate> choice_at(Graph& graph, std::int64_t index, std::
   return config;
 }
 
-std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed) {
-  std::optional<EngineCandidate> config = choice_at(graph, index, listed);
+std::optional<EngineCandidate> describe_plan(Graph& listing, std::int64_t index, std::int64_t listed,
+                                             const Graph& built, std::int64_t built_index) {
+  std::optional<EngineCandidate> config = choice_at(listing, index, listed);
   std::int64_t workspace_bytes = 0;
-  if (!config || graph.get_workspace_size_plan_at_index(index, workspace_bytes).is_bad()) return std::nullopt;
+  if (!config || built.get_workspace_size_plan_at_index(built_index, workspace_bytes).is_bad()) return std::nullopt;
   config->workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
   std::vector<fe::BehaviorNote_t> notes;
-  if (graph.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
+  if (listing.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
     for (fe::BehaviorNote_t note : notes) config->behavior_notes |= 1 << static_cast<int>(note);
   }
-  config->numerical_notes = graph.numerical_notes_at(index);
+  config->numerical_notes = listing.numerical_notes_at(index);
   return config;
+}
+
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed) {
+  return describe_plan(graph, index, listed, graph, index);
+}
+
+std::shared_ptr<Graph> restored_graph(cudnnHandle_t handle, const ConvolutionKey& key,
+                                      const std::vector<std::uint8_t>& serialized) {
+  auto graph = std::make_shared<Graph>();
+  try {
+    // No warm-up: it would capture a throw-away CUDA graph on the caller's device for every plan.
+    check_status(graph->deserialize(handle, serialized, /*enforce_precompiled=*/false, /*run_warmup=*/false),
+                 "deserialize", key);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // the JSON parser throws on bytes that are not UBJSON
+    throw Error(detail::concat("cuDNN graph API: deserialize failed (", e.what(), ") for ", key),
+                CUDNN_STATUS_BAD_PARAM);
+  }
+  return graph;
+}
+
+std::vector<std::uint8_t> serialize_selected(const Graph& graph, Direction direction) {
+  std::vector<std::uint8_t> bytes;
+  fe::error_t status;
+  try {
+    status = graph.serialize(bytes, /*serialize_structure=*/false);
+  } catch (const std::exception& e) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+    throw Error(detail::concat("cuDNN graph API: serialize failed (", e.what(), ") for a ", to_string(direction),
+                               " plan"));
+  }
+  CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: serialize failed (", status.get_message(), ") for a ",
+                      to_string(direction), " plan");
+  return bytes;
 }
 
 std::unordered_map<fe::KnobType_t, std::int64_t> knob_map(const EngineCandidate& config) {
@@ -325,34 +360,14 @@ GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const Engi
 }
 
 GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const std::vector<std::uint8_t>& serialized)
-    : direction_(static_cast<Direction>(key.direction)), graph_(std::make_shared<Graph>()) {
-  try {
-    // No warm-up: it would capture a throw-away CUDA graph on the caller's device for every plan.
-    check_status(graph_->deserialize(handle, serialized, /*enforce_precompiled=*/false, /*run_warmup=*/false),
-                 "deserialize", key);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {  // the JSON parser throws on bytes that are not UBJSON
-    throw Error(detail::concat("cuDNN graph API: deserialize failed (", e.what(), ") for ", key),
-                CUDNN_STATUS_BAD_PARAM);
-  }
+    : direction_(static_cast<Direction>(key.direction)), graph_(restored_graph(handle, key, serialized)) {
   std::int64_t bytes = 0;
   check_status(graph_->get_workspace_size(bytes), "get_workspace_size", key);
   workspace_bytes_ = static_cast<std::uint64_t>(bytes);
 }
 
 std::vector<std::uint8_t> GraphPlan::serialize() const {
-  std::vector<std::uint8_t> bytes;
-  fe::error_t status;
-  try {
-    status = graph_->serialize(bytes, /*serialize_structure=*/false);
-  } catch (const std::exception& e) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
-    throw Error(detail::concat("cuDNN graph API: serialize failed (", e.what(), ") for a ", to_string(direction_),
-                               " plan"));
-  }
-  CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: serialize failed (", status.get_message(), ") for a ",
-                      to_string(direction_), " plan");
-  return bytes;
+  return serialized_.empty() ? serialize_selected(*graph_, direction_) : serialized_;
 }
 
 void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const {

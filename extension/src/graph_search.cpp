@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <limits>
@@ -13,11 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "cudnn_cache/cudnn.h"
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
 #include "graph_internal.h"
 #include "handle_pool.h"
 #include "paired_timing.h"
+#include "plan_builders.h"
 
 namespace cudnn_cache {
 namespace {
@@ -26,31 +29,82 @@ using namespace graph_internal;
 
 // Note [Parallel candidate builds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Building a plan is CPU work: about a millisecond for most engines, an NVRTC compilation of 50-200 ms for those
+// Building a plan is CPU work: about a millisecond for most engines, an NVRTC compilation of 50-250 ms for those
 // cuDNN compiles at run time (depthwise and inverted-bottleneck networks' keys are full of them). Timing is GPU
 // work and stays on the calling thread, one candidate at a time. So step 1's runtime-compiled candidates
-// (heuristics mode A and the fallback list are the bulk of a search) are built ahead: up to `build_threads - 1`
-// workers, each on a cuDNN handle of the HandlePool, claim them in cuDNN's order and build them while the
-// calling thread times what is built, in that same order. The calling thread builds every other candidate, and
-// any compiled one no worker has claimed yet, itself: with build_threads 1, or no compiled candidate after the
-// first, the search is the serial one, and otherwise it waits only for compilations already under way. Once
-// enough candidates are timed the workers stop after the build they are in, while steps 2-4 time.
+// (heuristics mode A and the fallback list are the bulk of a search) are built ahead: workers, each on a cuDNN
+// handle of the HandlePool, claim them in cuDNN's order and build them while the calling thread times what is
+// built, in that same order. The calling thread builds every other candidate, and any compiled one no worker has
+// claimed yet, itself: with no worker, or no compiled candidate after the first, the search is the serial one,
+// and otherwise it waits only for builds already under way. Once enough candidates are timed the workers stop
+// after the build they are in, while steps 2-4 time.
+//
+// cuDNN's runtime compilations serialize inside one process (12 depthwise keys on an H200: 0.84x the serial
+// time on worker threads, 0.36x in 4 processes), so a worker hands its builds to a builder process of its own
+// when there are any (build_processes > 0, and at least two compiled candidates ahead: Note [Builder processes]
+// in plan_builders.h) and restores the plan the process sends back; without one (none configured, none could
+// start, or it failed) it builds in its own process, on `build_threads - 1` workers as before. A builder that
+// is still starting claims nothing: the calling thread builds meanwhile.
 //
 // Precompiled engines stay on the calling thread because a worker's build costs more than its own: a worker
 // builds each candidate in a graph of its own, made for it as the calling thread's was (heuristic_graph: the
 // same query, the same filters, a millisecond or two) and handed over with the plan, so no graph is ever used by
 // two threads (a build writes its graph's plan list). Measured on the H200 with every candidate farmed out, a
 // search of 8 precompiled configs took 26 ms against 10.8 ms serially. What is timed does not change: where a
-// worker's graph has another plan at that position (cuDNN's heuristics are deterministic; this is a safeguard),
-// or it could not make one, the calling thread builds the candidate in its own graph. Plans built on pool
-// handles run on the caller's, as prepare()'s do. Mode B's picks, knob variants and substitutes are few and are
-// built on the calling thread.
+// worker's graph, or a builder process's, has another plan at that position (cuDNN's heuristics are
+// deterministic; this is a safeguard), or it could not make one, the calling thread builds the candidate in its
+// own graph. A restored plan has no engine config to read, so it is described by the calling thread's graph at
+// its position (describe_plan), and the builder's own description must agree. Plans built on pool handles run
+// on the caller's, as prepare()'s do. Mode B's picks, knob variants and substitutes are few and are built on
+// the calling thread.
 
 // A plan of some graph of the search: the graph and the plan's index in it.
 struct BuiltPlan {
+  BuiltPlan() = default;
+  BuiltPlan(std::shared_ptr<Graph> built_in, std::int64_t at) : graph(std::move(built_in)), index(at) {}
+
   std::shared_ptr<Graph> graph;
   std::int64_t index = -1;
+  // A plan a builder process built, restored into `graph` as its only plan (index 0): what the process sent, and
+  // the plan's index in heuristics' list, where the search's own graph describes it. Null for a plan built here.
+  std::shared_ptr<const StoredPlan> sent;
+  std::int64_t listed_index = -1;
 };
+
+// The engine config of a built plan (describe_plan); a restored plan's is read from `listing`, the search's
+// graph, at its position in heuristics' list, and must be the one the builder process described.
+std::optional<EngineCandidate> describe_built(const BuiltPlan& plan, Graph& listing, std::int64_t listed) {
+  if (!plan.sent) return describe_plan(*plan.graph, plan.index, listed);
+  std::optional<EngineCandidate> config = describe_plan(listing, plan.listed_index, listed, *plan.graph, plan.index);
+  if (!config || !config->same_choice(plan.sent->config)) return std::nullopt;
+  return config;
+}
+
+// `index` if the graph's plan there builds, else -1.
+std::int64_t build_at(Graph& graph, std::int64_t index) {
+  try {
+    return graph.build_plan_at_index(index).is_good() ? index : -1;
+  } catch (const std::exception&) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+    return -1;
+  }
+}
+
+// The plan at `index` of a heuristic_graph of its own, built (its index is -1 where it does not build); no graph
+// where the plan at that index is not named `name`, or the graph cannot be made. What a worker builds in its own
+// process, and a builder process for it (run_plan_builder).
+BuiltPlan build_listed(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic, std::int64_t index,
+                       const std::string& name) {
+  std::shared_ptr<Graph> graph;
+  try {
+    graph = heuristic_graph(handle, key, deterministic);
+  } catch (const std::exception&) {
+    return {};
+  }
+  std::string listed;
+  if (graph->get_plan_name_at_index(index, listed).is_bad() || listed != name) return {};
+  const std::int64_t built = build_at(*graph, index);
+  return {std::move(graph), built};
+}
 
 // Step 1's candidates: plans of the calling thread's graph, each name once, in cuDNN's order, and whether
 // cuDNN compiles each at run time.
@@ -64,13 +118,16 @@ struct HeuristicPlans {
 // order the calling thread takes the candidates with take().
 class AheadBuilder {
  public:
+  // `workers` worker threads; with `builder_processes`, each hands its builds to a builder process.
   AheadBuilder(std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
-               const HeuristicPlans& plans, int workers)
-      : graph_(std::move(graph)), key_(key), deterministic_(deterministic), plans_(plans),
+               const HeuristicPlans& plans, int workers, bool builder_processes)
+      : graph_(std::move(graph)), listed_(graph_->get_execution_plan_count()), key_(key),
+        deterministic_(deterministic), plans_(plans),
         claimed_(new std::atomic<bool>[plans.indices.size()]()), slots_(plans.indices.size()) {
     // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it.
     const auto ahead = plans.compiled.empty() ? 0 : std::count(plans.compiled.begin() + 1, plans.compiled.end(), true);
     workers = std::min<int>(workers, static_cast<int>(ahead));
+    builder_processes_ = builder_processes && ahead >= 2;  // a process costs a CUDA context: not for one build
     int device = 0;
     if (workers <= 0 || cudaGetDevice(&device) != cudaSuccess) return;
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this, device] { work(device); });
@@ -87,15 +144,16 @@ class AheadBuilder {
   std::size_t size() const { return plans_.indices.size(); }
 
   // The plan at `position`, built; its index is -1 where it does not build. Built by a worker, or now in the
-  // calling thread's graph where no worker claimed it or a worker could not make its graph. Positions are
-  // taken in order, each once, on the calling thread.
+  // calling thread's graph where no worker claimed it or a worker could not make it. Positions are taken in
+  // order, each once, on the calling thread.
   BuiltPlan take(std::size_t position) {
     if (!claim(position)) {
       std::unique_lock lock(mutex_);
       built_.wait(lock, [&] { return slots_[position].done; });
-      if (slots_[position].plan.graph) return std::move(slots_[position].plan);
+      BuiltPlan& plan = slots_[position].plan;
+      if (plan.graph && (!plan.sent || describe_built(plan, *graph_, listed_))) return std::move(plan);
     }
-    return build(graph_, plans_.indices[position]);
+    return {graph_, build_at(*graph_, plans_.indices[position])};
   }
 
   // No more claims; workers finish the build they are in.
@@ -112,17 +170,26 @@ class AheadBuilder {
     return claimed_[position].compare_exchange_strong(expected, true);
   }
 
-  static BuiltPlan build(std::shared_ptr<Graph> graph, std::int64_t index) {
-    bool built = false;
+  // The plan at `position`, built by `builder` and restored on `handle`; no graph if that failed.
+  BuiltPlan built_by(PlanBuilder& builder, cudnnHandle_t handle, std::size_t position) {
+    BuiltPlan plan;
     try {
-      built = graph->build_plan_at_index(index).is_good();
-    } catch (const std::exception&) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+      const builder_protocol::BuildRequest request{key_, deterministic_, plans_.indices[position],
+                                                   plans_.names[position]};
+      plan.sent = std::make_shared<const StoredPlan>(
+          builder.build(request, PlanBuilders::instance().settings().build_timeout));
+      plan.graph = restored_graph(handle, key_, plan.sent->bytes);
+      plan.index = 0;
+      plan.listed_index = request.index;
+    } catch (const std::exception&) {  // the builder failed, or could not build it: built here instead
+      return {};
     }
-    return {std::move(graph), built ? index : -1};
+    return plan;
   }
 
-  // Workers claim runtime-compiled candidates only, in order; each is built in a graph made for it and handed
-  // over with it: a graph is never used by two threads at once (a build writes its graph's plan list).
+  // Workers claim runtime-compiled candidates only, in order; each is built in a graph made for it (by the
+  // worker, or by its builder process and restored into one) and handed over with it: a graph is never used by
+  // two threads at once (a build writes its graph's plan list).
   void work(int device) {
     cudnnHandle_t handle = nullptr;
     try {
@@ -130,28 +197,39 @@ class AheadBuilder {
     } catch (const std::exception&) {
       return;  // claims nothing: the calling thread builds
     }
-    for (std::size_t position; !stopped_.load() && (position = cursor_++) < size();) {
+    PlanBuilders& builders = PlanBuilders::instance();
+    std::unique_ptr<PlanBuilder> builder = builder_processes_ ? builders.take(device) : nullptr;
+    const auto drop_failed = [&] {
+      if (builder && builder->failed()) builders.give_back(device, std::move(builder));  // closed and counted
+    };
+    for (;;) {
+      try {
+        if (builder && !builder->ready(stopped_)) break;  // stopped while it starts: the next search uses it
+      } catch (const std::exception&) {
+        drop_failed();  // then builds in-process
+      }
+      std::size_t position = 0;
+      if (stopped_.load() || (position = cursor_++) >= size()) break;
       if (!plans_.compiled[position] || !claim(position)) continue;
       BuiltPlan plan;
-      try {
-        std::shared_ptr<Graph> graph = heuristic_graph(handle, key_, deterministic_);
-        const std::int64_t index = plans_.indices[position];
-        std::string name;
-        if (graph->get_plan_name_at_index(index, name).is_good() && name == plans_.names[position]) {
-          plan = build(std::move(graph), index);
-        }
-      } catch (const std::exception&) {
+      if (builder) plan = built_by(*builder, handle, position);
+      drop_failed();
+      if (!plan.graph) {
+        plan = build_listed(handle, key_, deterministic_, plans_.indices[position], plans_.names[position]);
       }
       std::lock_guard lock(mutex_);
       slots_[position] = {true, std::move(plan)};
       built_.notify_all();
     }
+    builders.give_back(device, std::move(builder));
     HandlePool::instance().give_back(device, handle);
   }
 
   std::shared_ptr<Graph> graph_;
+  std::int64_t listed_;  // graph_'s plans: heuristics' list
   const ConvolutionKey& key_;
   bool deterministic_;
+  bool builder_processes_ = false;
   const HeuristicPlans& plans_;
   std::unique_ptr<std::atomic<bool>[]> claimed_;  // per position: taken by a worker or the calling thread
   std::atomic<std::size_t> cursor_{0};            // the next position a worker looks at
@@ -266,10 +344,11 @@ class EngineSearch {
   std::shared_ptr<Graph> shared_graph() const { return graph_; }
 
   // Times a built plan of any of the search's graphs (a worker's graph lists heuristics' plans as the search's
-  // does). A plan of heuristics' list is described by its position where its knobs cannot all be named, so
-  // what is timed is what a replay runs: native's own plan, knobs and all.
+  // does; a restored one is described by the search's graph). A plan of heuristics' list is described by its
+  // position where its knobs cannot all be named, so what is timed is what a replay runs: native's own plan,
+  // knobs and all.
   bool time_built(const BuiltPlan& plan) {
-    std::optional<EngineCandidate> config = describe_plan(*plan.graph, plan.index, listed_);
+    std::optional<EngineCandidate> config = describe_built(plan, *graph_, listed_);
     if (!config || config->workspace_bytes > options_.max_workspace_bytes) return false;
     const std::optional<Workspace> workspace = workspace_for(allocate_, config->workspace_bytes);
     if (!workspace) return false;  // out of memory: not a candidate here
@@ -394,9 +473,11 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
   const HeuristicPlans plans = search.heuristic_plans();
+  //    Workers: one per builder process (Note [Builder processes]), else build_threads - 1.
   const int threads = options.build_threads > 0 ? options.build_threads : usable_cores();
+  const int workers = options.build_processes > 0 ? options.build_processes : threads - 1;
   AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans,
-                       std::min(threads, bounds.heuristic) - 1);
+                       std::min(workers, bounds.heuristic - 1), options.build_processes > 0);
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
   search.time_deterministic_pick(plans);
@@ -419,12 +500,43 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   // 4. The finalists, timed again side by side.
   search.confirm(bounds.finalists);
   auto [ranked, built] = search.ranked();
-  // Building a built plan again only selects it, for execute() and serialize().
-  if (best_plan && built.front().graph->build_plan_at_index(built.front().index).is_good()) {
+  // Building a built plan again only selects it, for execute() and serialize(); a restored plan is its graph's
+  // only one, selected, and keeps the bytes it came from (Note [Builder processes]).
+  const BuiltPlan& best_built = built.front();
+  if (best_plan && (best_built.sent || best_built.graph->build_plan_at_index(best_built.index).is_good())) {
     *best_plan = std::shared_ptr<const GraphPlan>(
-        new GraphPlan(static_cast<Direction>(key.direction), built.front().graph, ranked.front().workspace_bytes));
+        new GraphPlan(static_cast<Direction>(key.direction), best_built.graph, ranked.front().workspace_bytes,
+                      best_built.sent ? best_built.sent->bytes : std::vector<std::uint8_t>{}));
   }
   return ranked;
+}
+
+int run_plan_builder(int fd, const std::string& pci_bus_id, std::chrono::milliseconds idle) {
+  int device = -1;
+  const cudaError_t found = cudaDeviceGetByPCIBusId(&device, pci_bus_id.c_str());
+  CUDNN_CACHE_REQUIRE(found == cudaSuccess, "no CUDA device has PCI bus id '", pci_bus_id, "' (",
+                      cudaGetErrorString(found), "); a builder process needs the GPU of the process it builds for");
+  CUDNN_CACHE_REQUIRE(cudaSetDevice(device) == cudaSuccess, "cannot use CUDA device ", device, " (PCI bus id ",
+                      pci_bus_id, ")");
+  cudnnHandle_t handle = nullptr;
+  CUDNN_CACHE_CHECK(cudnnCreate(&handle));
+  const auto version = static_cast<std::uint32_t>(cudnnGetVersion());
+  const int status = builder_protocol::serve_plan_builds(
+      fd, version,
+      [&](const builder_protocol::BuildRequest& request) {
+        const BuiltPlan plan = build_listed(handle, request.key, request.deterministic, request.index, request.name);
+        CUDNN_CACHE_REQUIRE(plan.graph, "cuDNN graph API: heuristics' plan #", request.index, " for ", request.key,
+                            " is not ", request.name, " here");
+        CUDNN_CACHE_REQUIRE(plan.index >= 0, "cuDNN graph API: ", request.name, " does not build for ", request.key);
+        const std::optional<EngineCandidate> config =
+            describe_plan(*plan.graph, plan.index, plan.graph->get_execution_plan_count());
+        CUDNN_CACHE_REQUIRE(config, "cuDNN graph API: cannot describe ", request.name, " for ", request.key);
+        return StoredPlan{*config, version,
+                          serialize_selected(*plan.graph, static_cast<Direction>(request.key.direction))};
+      },
+      idle);
+  cudnnDestroy(handle);
+  return status;
 }
 
 }  // namespace cudnn_cache

@@ -16,12 +16,14 @@
 #include <vector>
 
 #include <sched.h>
+#include <unistd.h>
 
 #include "backends.h"
 #include "cudnn_cache/error.h"
 #include "elapsed.h"
 #include "handle_pool.h"
 #include "in_flight.h"
+#include "plan_builders.h"
 #include "plan_cache.h"
 
 namespace cudnn_cache {
@@ -37,6 +39,8 @@ int usable_cores() {
   if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
+
+int default_build_processes() { return std::min(usable_cores() - 1, 8); }
 
 namespace {
 
@@ -255,6 +259,7 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
   check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
   check(options.build_threads >= 0, "build_threads", options.build_threads, ">= 0 (0: the cores this process may use)");
+  check(options.build_processes >= 0, "build_processes", options.build_processes, ">= 0 (0: build in-process)");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
   // Every config a search times must fit in the ranking it stores: these, heuristics' first pick and native's
   // deterministic pick (Note [Deterministic calls]). An exhaustive search keeps the fastest that fit, native's
@@ -273,6 +278,13 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
 GraphSearchOptions Runtime::search_options() const {
   std::lock_guard lock(mutex_);
   return search_options_;
+}
+
+void Runtime::set_plan_builder(const std::string& path) {
+  CUDNN_CACHE_REQUIRE(path.empty() || access(path.c_str(), X_OK) == 0, "plan builder '", path,
+                      "' is not an executable file: name cudnn_cache_tool (installed in the package's bin/, or in a "
+                      "build folder), or pass \"\" to build plans in-process");
+  PlanBuilders::instance().set_executable(path);
 }
 
 void Runtime::set_plan_cache_limit(std::size_t limit) { plans_->set_limit(limit); }

@@ -1,5 +1,8 @@
 // cudnn_cache_tool: check, list and make cache files from the command line.
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -8,6 +11,7 @@
 
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/error.h"
+#include "cudnn_cache/graph.h"
 #include "cudnn_cache/report.h"
 #include "cudnn_cache/synthetic.h"
 
@@ -31,6 +35,7 @@ struct Command {
 int validate(const std::vector<std::string>& args);
 int inspect(const std::vector<std::string>& args);
 int synth(const std::vector<std::string>& args);
+int build_plans(const std::vector<std::string>& args);
 
 const Command kCommands[] = {
     {"validate", "FILE", "check FILE; prints a summary, or the reason it is invalid on stderr", &validate},
@@ -39,6 +44,10 @@ const Command kCommands[] = {
      "write a valid file of N synthetic entries (for tests and benchmarks; N at most " +
          std::to_string(kMaxSyntheticEntries) + "), replacing FILE",
      &synth},
+    {"build-plans", "--device-pci-bus-id ID",
+     "a builder process: build plans for a search of the process that started it, on the GPU of PCI bus id ID, "
+     "served on its fd 3 (a socket); started by cudnn_cache itself (tuning option build_processes)",
+     &build_plans},
 };
 
 const char* const kExitCodes = "exit codes: 0 success, 1 invalid file or failed command, 2 usage error\n";
@@ -131,6 +140,25 @@ int synth(const std::vector<std::string>& args) {
   const std::size_t written = write_synthetic_file(path, entries, seed);
   std::cout << path << ": wrote " << written << " synthetic entries\n";
   return kOk;
+}
+
+// A builder process exits on its own after this long without a request: its parent closes it sooner (Note
+// [Builder processes]); this is for a parent that stopped without closing its socket.
+constexpr std::chrono::seconds kBuilderIdle{60};
+constexpr int kBuilderSocket = 3;
+
+int build_plans(const std::vector<std::string>& args) {
+  const std::string help = "cudnn_cache_tool build-plans --help";
+  if (args.size() != 2 || args[0] != "--device-pci-bus-id" || args[1].empty() || args[1][0] == '-') {
+    return usage_error("build-plans takes exactly --device-pci-bus-id ID", help);
+  }
+  struct stat socket_stat {};
+  if (fstat(kBuilderSocket, &socket_stat) != 0 || !S_ISSOCK(socket_stat.st_mode)) {
+    return usage_error("build-plans serves the process that starts it on fd 3, which is not a socket here: "
+                       "cudnn_cache starts it (tuning option build_processes), not a shell",
+                       help);
+  }
+  return run_plan_builder(kBuilderSocket, args[1], kBuilderIdle);
 }
 
 int run(const std::vector<std::string>& args) {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cudnn_cache/graph.h"
+#include "plan_builders.h"
 #include "plan_cache.h"
 
 using namespace cudnn_cache;
@@ -872,8 +873,14 @@ TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob va
   CHECK(distinct_choices(all));
 }
 
+// Note [Parallel candidate builds] and Note [Builder processes]: where a plan is built changes nothing a search
+// times, nor how each config is described.
 TEST_CASE("plans built on worker threads: the search times the same heuristic configs as on the caller alone",
           "[gpu][graph][search]") {
+#ifdef CUDNN_CACHE_TOOL
+  PlanBuilders& builders = PlanBuilders::instance();
+  builders.set_executable(CUDNN_CACHE_TOOL);
+#endif
   // The depthwise key's candidates are mostly engines cuDNN compiles at run time (Note [Parallel candidate
   // builds]); the dense key's are precompiled.
   Handle handle;
@@ -881,34 +888,85 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     INFO(problem.name);
     std::mt19937 random(16);
     Operands operands(problem.key, random);
-    const auto search = [&](int threads, std::shared_ptr<const GraphPlan>* best, double* ms) {
+    const auto search = [&](int threads, int processes, std::shared_ptr<const GraphPlan>* best, double* ms) {
       GraphSearchOptions options = only_heuristics(10);
       options.build_threads = threads;
+      options.build_processes = processes;
       const auto started = std::chrono::steady_clock::now();
       std::vector<EngineCandidate> configs =
           search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, best);
       *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
       return configs;
     };
+    // The best plan handed back is the best config's, built on a worker, in a builder process or on the caller,
+    // and runs on the caller's handle; so does the plan restored from its bytes, as a later process would.
+    const auto check_best = [&](const std::shared_ptr<const GraphPlan>& best, const EngineCandidate& config) {
+      REQUIRE(best != nullptr);
+      CHECK(best->workspace_bytes() == config.workspace_bytes);
+      auto workspace = best->workspace_bytes() > 0 ? allocate(best->workspace_bytes()) : Workspace();
+      best->execute(handle.handle, operands.buffers(), workspace.data());
+      check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+      if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) == 0) return;
+      const GraphPlan restored(handle.handle, problem.key, best->serialize());
+      CHECK(restored.workspace_bytes() == config.workspace_bytes);
+      restored.execute(handle.handle, operands.buffers(), workspace.data());
+      check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+    };
+    // Every config of `serial` is timed by `other` too, described the same way (a restored plan is described by
+    // the search's own graph: Note [Parallel candidate builds]).
+    const auto check_same_configs = [&](const std::vector<EngineCandidate>& serial,
+                                        const std::vector<EngineCandidate>& other) {
+      REQUIRE(other.size() == serial.size());
+      CHECK(distinct_choices(other));
+      for (const EngineCandidate& config : serial) {
+        INFO(to_string(config));
+        const auto same = std::find_if(other.begin(), other.end(),
+                                       [&](const EngineCandidate& c) { return c.same_choice(config); });
+        REQUIRE(same != other.end());
+        CHECK(same->workspace_bytes == config.workspace_bytes);
+        CHECK(same->behavior_notes == config.behavior_notes);
+        CHECK(same->numerical_notes == config.numerical_notes);
+        CHECK(same->heuristic_index == config.heuristic_index);
+      }
+    };
     double serial_ms = 0, parallel_ms = 0;
-    const std::vector<EngineCandidate> serial = search(1, nullptr, &serial_ms);
+    const std::vector<EngineCandidate> serial = search(1, 0, nullptr, &serial_ms);
     std::shared_ptr<const GraphPlan> best;
-    const std::vector<EngineCandidate> parallel = search(8, &best, &parallel_ms);
+    const std::vector<EngineCandidate> parallel = search(8, 0, &best, &parallel_ms);
     WARN(problem.name << ": " << serial.size() << " configs timed in " << serial_ms << " ms on the caller, "
                       << parallel.size() << " in " << parallel_ms << " ms with 8 build threads");
-    REQUIRE(parallel.size() == serial.size());
-    CHECK(distinct_choices(parallel));
-    for (const EngineCandidate& config : serial) {
-      CHECK(std::any_of(parallel.begin(), parallel.end(),
-                        [&](const EngineCandidate& c) { return c.same_choice(config); }));
+    check_same_configs(serial, parallel);
+    check_best(best, parallel.front());
+#ifdef CUDNN_CACHE_TOOL
+    // Builder processes start during the first such search (about a second each), and build in the next ones.
+    const std::uint64_t built_before = builders.plans_built();
+    double processes_ms = 0;
+    std::vector<EngineCandidate> apart;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      apart = search(1, 4, &best, &processes_ms);
+      check_same_configs(serial, apart);
+      check_best(best, apart.front());
     }
-    // The plan handed back is the best config's, built on a worker or the caller, and runs on the caller's handle.
-    REQUIRE(best != nullptr);
-    CHECK(best->workspace_bytes() == parallel.front().workspace_bytes);
-    auto workspace = best->workspace_bytes() > 0 ? allocate(best->workspace_bytes()) : Workspace();
-    best->execute(handle.handle, operands.buffers(), workspace.data());
-    check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+    const std::uint64_t built_apart = builders.plans_built() - built_before;
+    WARN(problem.name << ": " << apart.size() << " configs timed in " << processes_ms << " ms with 4 builder "
+                      << "processes, which built " << built_apart << " plans in 3 searches");
+    const bool compiled = std::count_if(serial.begin(), serial.end(), [](const EngineCandidate& c) {
+                            return (c.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
+                          }) >= 3;
+    if (compiled) {
+      CHECK(built_apart > 0);  // else every plan was built in-process, and this compared nothing
+      CHECK_FALSE(builders.disabled(0));
+    }
+#endif
   }
+#ifdef CUDNN_CACHE_TOOL
+  // Idle builders are closed (5 s), which frees their GPU memory.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (builders.running() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(builders.running() == 0);
+#endif
 }
 
 TEST_CASE("an exhaustive search times every heuristic config, keeps at least what the default one does",

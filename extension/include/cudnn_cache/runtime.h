@@ -206,6 +206,13 @@ inline std::optional<Workspace> workspace_for(const WorkspaceAllocator& allocate
   return std::optional<Workspace>(std::move(workspace));
 }
 
+// The cores this process may run on (its CPU affinity, which taskset and container CPU sets narrow), at least
+// 1: what "0 threads" means for a search's plan builds and for prepare().
+int usable_cores();
+
+// GraphSearchOptions::build_processes by default: usable_cores() - 1, at most 8.
+int default_build_processes();
+
 // How the graph API's search times candidates; see Note [Engine configs].
 struct GraphSearchOptions {
   int warmup = 3;              // untimed runs of each candidate before its timed runs
@@ -225,6 +232,11 @@ struct GraphSearchOptions {
   // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
   // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
   int build_threads = 0;
+  // Builder processes that build the runtime-compiled ones among those, one per worker thread, where cuDNN's
+  // compilations overlap as they cannot across threads (Note [Builder processes] in plan_builders.h; each holds
+  // a CUDA context while it runs). 0: none, the workers build in-process. Needs the tool
+  // (Runtime::set_plan_builder); without it, in-process.
+  int build_processes = default_build_processes();
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
   // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
   // the bounds above on candidates are then ignored.
@@ -236,10 +248,6 @@ struct GraphSearchOptions {
 // What an error about finding nothing to run adds under a workspace limit of `limit` bytes (the limit and the
 // fix); "" for no limit (the largest value).
 std::string within_workspace_limit(std::uint64_t limit);
-
-// The cores this process may run on (its CPU affinity, which taskset and container CPU sets narrow), at least
-// 1: what "0 threads" means for a search's plan builds and for prepare().
-int usable_cores();
 
 class PlanCache;
 class InFlight;
@@ -264,6 +272,11 @@ class Runtime {
   // How later graph-API searches time candidates. Throws Error naming a field out of range.
   void set_search_options(const GraphSearchOptions& options);
   GraphSearchOptions search_options() const;
+
+  // The cudnn_cache_tool executable that searches start builder processes from (GraphSearchOptions::
+  // build_processes); the Python package sets its own. Until then, the CUDNN_CACHE_TOOL environment variable's;
+  // "" or neither: plans are built in-process. Throws Error if `path` is not an executable file.
+  void set_plan_builder(const std::string& path);
 
   // At most how many execution plans the plan cache keeps (0: no bound), evicting the least recently used
   // (Note [Plan cache]); 10000 by default, or the CUDNN_CACHE_PLAN_CACHE_LIMIT environment variable's value

@@ -1,0 +1,365 @@
+// Builder processes without a GPU: the protocol (Note [Builder protocol]), the serving loop with a stand-in
+// build, and children that die, hang or answer garbage (Note [Builder processes]). The GPU suite checks that a
+// search with builder processes times what it times without them.
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_fixtures.h"
+#include "cudnn_cache/error.h"
+#include "cudnn_cache/key.h"
+#include "plan_builders.h"
+
+namespace {
+
+using namespace cudnn_cache;
+using namespace cudnn_cache::builder_protocol;
+using Catch::Matchers::Contains;
+using std::chrono::milliseconds;
+
+// A request as a search's worker makes it, for a bf16 channels-last key.
+BuildRequest request() {
+  return {testing::conv_key(Direction::forward, 8, 32, Layout::nhwc, CUDNN_DATA_BFLOAT16), true, 7,
+          "eng12_k2=3_k3=0"};
+}
+
+StoredPlan plan() {
+  StoredPlan made;
+  made.config.engine_id = 12;
+  made.config.knob_count = 1;
+  made.config.knobs[0] = {2, 3};
+  made.config.heuristic_index = 7;
+  made.cudnn_version = 91000;
+  made.bytes = {1, 2, 3, 4, 5};
+  return made;
+}
+
+std::vector<std::uint8_t> without_last_byte(std::vector<std::uint8_t> bytes) {
+  bytes.pop_back();
+  return bytes;
+}
+
+std::pair<FrameKind, std::size_t> header_of(const std::vector<std::uint8_t>& frame) {
+  std::uint8_t header[kHeaderBytes];
+  std::copy(frame.begin(), frame.begin() + kHeaderBytes, header);
+  return decode_header(header);
+}
+
+struct SocketPair {
+  int ends[2] = {-1, -1};
+  SocketPair() { REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) == 0); }
+};
+
+// A file holding a frame, for shell children to send with cat.
+std::string frame_file(const std::string& name, const std::vector<std::uint8_t>& frame) {
+  const std::string path = (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()))).string();
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(frame.data()), frame.size());
+  return path;
+}
+
+// A child running `script` under /bin/sh; the builder arguments the pool appends become $1...
+std::vector<std::string> shell(const std::string& script) { return {"/bin/sh", "-c", script, "sh"}; }
+
+// Whether `pid` names a process (a living one or an unreaped zombie).
+bool exists(pid_t pid) { return kill(pid, 0) == 0; }
+
+constexpr std::uint32_t kVersion91 = 91000;
+
+}  // namespace
+
+TEST_CASE("builder protocol: frames and payloads round trip", "[plan_builders]") {
+  const BuildRequest sent = request();
+  const BuildRequest received = decode_request(encode_request(sent));
+  CHECK(received.key == sent.key);
+  CHECK(received.deterministic);
+  CHECK(received.index == 7);
+  CHECK(received.name == sent.name);
+  CHECK(decode_plan(encode_plan(plan())) == plan());
+  CHECK(decode_text(encode_text("NOT_SUPPORTED")) == "NOT_SUPPORTED");
+  CHECK(decode_version(encode_version(kVersion91)) == kVersion91);
+
+  const std::vector<std::uint8_t> payload = encode_request(sent);
+  const std::vector<std::uint8_t> frame = encode_frame(FrameKind::request, payload);
+  REQUIRE(frame.size() == kHeaderBytes + payload.size());
+  CHECK(header_of(frame) == std::make_pair(FrameKind::request, payload.size()));
+  CHECK(std::equal(payload.begin(), payload.end(), frame.begin() + kHeaderBytes));
+}
+
+TEST_CASE("builder protocol: malformed headers and payloads are errors that say what is wrong", "[plan_builders]") {
+  std::vector<std::uint8_t> frame = encode_frame(FrameKind::plan, {});
+  SECTION("magic") {
+    frame[0] ^= 0xff;
+    CHECK_THROWS_WITH(header_of(frame), Contains("not a frame"));
+  }
+  SECTION("version") {
+    frame[4] = 9;
+    CHECK_THROWS_WITH(header_of(frame), Contains("version 9, expected 1"));
+  }
+  SECTION("kind") {
+    frame[6] = 77;
+    CHECK_THROWS_WITH(header_of(frame), Contains("unknown frame kind 77"));
+  }
+  SECTION("length over the limit") {
+    frame[11] = 0xff;
+    CHECK_THROWS_WITH(header_of(frame), Contains("over the limit"));
+  }
+  SECTION("truncated payloads") {
+    CHECK_THROWS_WITH(decode_request(without_last_byte(encode_request(request()))),
+                      Contains("malformed request frame"));
+    CHECK_THROWS_WITH(decode_plan(without_last_byte(encode_plan(plan()))), Contains("malformed plan frame"));
+    CHECK_THROWS_WITH(decode_version({}), Contains("malformed ready frame"));
+  }
+  SECTION("bytes after the end") {
+    std::vector<std::uint8_t> payload = encode_text("why");
+    payload.push_back(0);
+    CHECK_THROWS_WITH(decode_text(payload), Contains("bytes after its end"));
+  }
+  SECTION("a text longer than the limit") {
+    std::vector<std::uint8_t> payload = encode_text("x");
+    payload[1] = 0xff;  // the size tag after the archive's one-byte endianness mark: 255 + x
+    payload[2] = 0xff;
+    CHECK_THROWS_WITH(decode_text(payload), Contains("text of 65535 bytes"));
+  }
+  SECTION("a request's values are checked") {
+    BuildRequest bad = request();
+    bad.index = -1;
+    CHECK_THROWS_WITH(decode_request(encode_request(bad)), Contains("plan index -1"));
+    bad = request();
+    bad.key.input.nb_dims = 99;
+    CHECK_THROWS_WITH(decode_request(encode_request(bad)), Contains("invalid key"));
+  }
+}
+
+TEST_CASE("builder protocol: a connection reads whole frames, and says when the other end fails", "[plan_builders]") {
+  SocketPair sockets;
+  Connection parent(sockets.ends[0]);
+  {
+    Connection child(sockets.ends[1]);
+    child.send(FrameKind::ready, encode_version(kVersion91), milliseconds(1000));
+    const std::optional<Frame> frame = parent.receive(milliseconds(1000));
+    REQUIRE(frame);
+    CHECK(frame->kind == FrameKind::ready);
+    CHECK(decode_version(frame->payload) == kVersion91);
+    CHECK_THROWS_WITH(parent.receive(milliseconds(50)), Contains("no answer within the timeout"));
+    // Half a frame, then the end.
+    const std::vector<std::uint8_t> half = encode_frame(FrameKind::error, encode_text("half"));
+    REQUIRE(::send(child.fd(), half.data(), half.size() / 2, MSG_NOSIGNAL) > 0);
+  }
+  CHECK_THROWS_WITH(parent.receive(milliseconds(1000)), Contains("closed in the middle of a frame"));
+  CHECK_FALSE(parent.receive(milliseconds(1000)));  // then the clean end
+  // Writing to a closed peer is an error, not a SIGPIPE that ends the test binary.
+  CHECK_THROWS_WITH(parent.send(FrameKind::request, encode_request(request()), milliseconds(1000)),
+                    Contains("the other end ended"));
+}
+
+TEST_CASE("builder protocol: the child's loop answers each request, and ends at EOF, when idle or on garbage",
+          "[plan_builders]") {
+  SocketPair sockets;
+  Connection parent(sockets.ends[0]);
+  const auto build = [](const BuildRequest& asked) {
+    if (asked.index != 7) throw Error("cuDNN graph API: heuristics' plan #" + std::to_string(asked.index) + " is not that");
+    return plan();
+  };
+  std::future<int> served = std::async(std::launch::async, [&] {
+    return serve_plan_builds(sockets.ends[1], kVersion91, build, milliseconds(30'000));
+  });
+  std::optional<Frame> frame = parent.receive(milliseconds(5000));
+  REQUIRE(frame);
+  CHECK(frame->kind == FrameKind::ready);
+  parent.send(FrameKind::request, encode_request(request()), milliseconds(1000));
+  frame = parent.receive(milliseconds(5000));
+  REQUIRE(frame);
+  REQUIRE(frame->kind == FrameKind::plan);
+  CHECK(decode_plan(frame->payload) == plan());
+  BuildRequest other = request();
+  other.index = 8;
+  parent.send(FrameKind::request, encode_request(other), milliseconds(1000));
+  frame = parent.receive(milliseconds(5000));
+  REQUIRE(frame);
+  REQUIRE(frame->kind == FrameKind::error);
+  CHECK(decode_text(frame->payload) == "cuDNN graph API: heuristics' plan #8 is not that");
+
+  SECTION("EOF ends it with status 0") {
+    ::shutdown(parent.fd(), SHUT_WR);
+    REQUIRE(served.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+    CHECK(served.get() == 0);
+  }
+  SECTION("garbage ends it with status 1") {
+    const char garbage[kHeaderBytes] = "not a frame";
+    REQUIRE(::send(parent.fd(), garbage, sizeof garbage, MSG_NOSIGNAL) == sizeof garbage);
+    REQUIRE(served.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+    CHECK(served.get() == 1);
+  }
+}
+
+TEST_CASE("builder protocol: an idle child ends by itself", "[plan_builders]") {
+  SocketPair sockets;
+  Connection parent(sockets.ends[0]);
+  const auto started = std::chrono::steady_clock::now();
+  const int status = serve_plan_builds(sockets.ends[1], kVersion91, [](const BuildRequest&) { return plan(); },
+                                       milliseconds(200));
+  CHECK(status == 0);
+  CHECK(std::chrono::steady_clock::now() - started >= milliseconds(200));
+  CHECK(std::chrono::steady_clock::now() - started < milliseconds(5000));
+}
+
+TEST_CASE("plan builder: a child that dies, hangs or answers garbage fails, and is reaped", "[plan_builders]") {
+  std::atomic<bool> running{false};
+  SECTION("dies at once") {
+    PlanBuilder builder({"/bin/false"}, kVersion91, milliseconds(5000));
+    CHECK_THROWS_WITH(builder.ready(running), Contains("ended as it started"));
+    CHECK(builder.failed());
+  }
+  SECTION("never sends ready: timed out, killed") {
+    pid_t pid = 0;
+    {
+      PlanBuilder builder(shell("exec sleep 60"), kVersion91, milliseconds(300));
+      pid = builder.pid();
+      CHECK_THROWS_WITH(builder.ready(running), Contains("did not start in time"));
+      CHECK(builder.failed());
+    }
+    CHECK_FALSE(exists(pid));  // killed and reaped by the destructor, not left as a zombie
+  }
+  SECTION("a search that stops while it starts leaves it starting") {
+    std::atomic<bool> stopped{true};
+    PlanBuilder builder(shell("exec sleep 60"), kVersion91, milliseconds(5000));
+    CHECK_FALSE(builder.ready(stopped));
+    CHECK_FALSE(builder.failed());
+  }
+  SECTION("answers garbage") {
+    PlanBuilder builder(shell("printf 'garbage garbage' >&3; exec sleep 60"), kVersion91, milliseconds(5000));
+    CHECK_THROWS_WITH(builder.ready(running), Contains("not a frame"));
+    CHECK(builder.failed());
+  }
+  SECTION("another cuDNN") {
+    const std::string ready = frame_file("ready", encode_frame(FrameKind::ready, encode_version(90100)));
+    PlanBuilder builder(shell("cat '" + ready + "' >&3; exec sleep 60"), kVersion91, milliseconds(5000));
+    CHECK_THROWS_WITH(builder.ready(running), Contains("loaded cuDNN 90100 where this process has 91000"));
+    std::filesystem::remove(ready);
+  }
+  SECTION("starts, then dies or hangs in a build") {
+    const std::string ready = frame_file("ready", encode_frame(FrameKind::ready, encode_version(kVersion91)));
+    const bool hangs = GENERATE(false, true);
+    PlanBuilder builder(shell("cat '" + ready + "' >&3; " + (hangs ? "exec sleep 60" : "exit 0")), kVersion91,
+                        milliseconds(5000));
+    REQUIRE(builder.ready(running));
+    CHECK_THROWS_WITH(builder.build(request(), milliseconds(300)),
+                      Contains(hangs ? "no answer within the timeout" : "ended"));
+    CHECK(builder.failed());
+    std::filesystem::remove(ready);
+  }
+  SECTION("answers a request with an error: it could not build that plan, and still works") {
+    const std::string answers =
+        frame_file("answers", [] {
+          std::vector<std::uint8_t> bytes = encode_frame(FrameKind::ready, encode_version(kVersion91));
+          const std::vector<std::uint8_t> error = encode_frame(FrameKind::error, encode_text("NOT_SUPPORTED"));
+          bytes.insert(bytes.end(), error.begin(), error.end());
+          return bytes;
+        }());
+    PlanBuilder builder(shell("cat '" + answers + "' >&3; exec sleep 60"), kVersion91, milliseconds(5000));
+    REQUIRE(builder.ready(running));
+    CHECK_THROWS_WITH(builder.build(request(), milliseconds(5000)), "NOT_SUPPORTED");
+    CHECK_FALSE(builder.failed());
+    std::filesystem::remove(answers);
+  }
+}
+
+TEST_CASE("plan builders: a device's builders are off after repeated failures", "[plan_builders]") {
+  PlanBuilders::Settings settings;
+  settings.command = {"/bin/false"};
+  settings.bus_id = [](int) { return std::optional<std::string>("0000:00:00.0"); };
+  PlanBuilders builders(settings);
+  std::atomic<bool> running{false};
+  for (int failure = 0; failure < PlanBuilders::kMaxFailures; ++failure) {
+    std::unique_ptr<PlanBuilder> builder = builders.take(0);
+    REQUIRE(builder);
+    CHECK_THROWS(builder->ready(running));
+    builders.give_back(0, std::move(builder));
+  }
+  CHECK(builders.disabled(0));
+  CHECK_FALSE(builders.take(0));  // the search builds in-process
+  CHECK_FALSE(builders.disabled(1));
+  CHECK(builders.running() == 0);
+
+  PlanBuilders none(PlanBuilders::Settings{});
+  CHECK_FALSE(none.take(0));  // no tool: in-process, silently
+}
+
+TEST_CASE("plan builders: an idle child is closed and reaped", "[plan_builders]") {
+  const std::string ready = frame_file("ready", encode_frame(FrameKind::ready, encode_version(cudnnGetVersion())));
+  PlanBuilders::Settings settings;
+  settings.command = shell("cat '" + ready + "' >&3; exec sleep 60");
+  settings.idle = milliseconds(300);
+  settings.bus_id = [](int) { return std::optional<std::string>("0000:00:00.0"); };
+  PlanBuilders builders(settings);
+  std::atomic<bool> running{false};
+  std::unique_ptr<PlanBuilder> builder = builders.take(0);
+  REQUIRE(builder);
+  REQUIRE(builder->ready(running));
+  const pid_t pid = builder->pid();
+  builders.give_back(0, std::move(builder));
+  CHECK(builders.running() == 1);
+  CHECK(exists(pid));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (builders.running() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  CHECK(builders.running() == 0);
+  CHECK_FALSE(exists(pid));
+  std::filesystem::remove(ready);
+}
+
+#ifdef CUDNN_CACHE_TOOL
+namespace {
+
+// The tool's exit status and what it printed, for `arguments` (shell words).
+std::pair<int, std::string> run_tool(const std::string& arguments) {
+  const std::string command = std::string("'") + CUDNN_CACHE_TOOL + "' " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  std::string output;
+  char buffer[512];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+}  // namespace
+
+TEST_CASE("cudnn_cache_tool build-plans: refuses bad arguments, and without a GPU fails clearly",
+          "[plan_builders][tool]") {
+  auto [status, output] = run_tool("build-plans");
+  CHECK(status == 2);
+  CHECK_THAT(output, Contains("build-plans takes exactly --device-pci-bus-id ID"));
+  std::tie(status, output) = run_tool("build-plans --device-pci-bus-id 0000:00:00.0 --extra");
+  CHECK(status == 2);
+  std::tie(status, output) = run_tool("build-plans --device-pci-bus-id 0000:00:00.0 3</dev/null");
+  CHECK(status == 2);
+  CHECK_THAT(output, Contains("fd 3, which is not a socket"));
+
+  // As a search starts it, on a socket: without that GPU (or any) it says so on stderr and never gets ready.
+  const std::string log = (std::filesystem::temp_directory_path() / ("build-plans-" + std::to_string(getpid()))).string();
+  std::atomic<bool> running{false};
+  PlanBuilder builder({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>'" + log + "'", CUDNN_CACHE_TOOL, "build-plans",
+                       "--device-pci-bus-id", "0000:ff:1f.0"},
+                      cudnnGetVersion(), milliseconds(60'000));
+  CHECK_THROWS_WITH(builder.ready(running), Contains("ended as it started"));
+  std::ifstream file(log);
+  const std::string said((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  CHECK_THAT(said, Contains("no CUDA device has PCI bus id '0000:ff:1f.0'"));
+  std::filesystem::remove(log);
+}
+#endif
