@@ -433,8 +433,11 @@ PlanBuilders::~PlanBuilders() {
 }
 
 void PlanBuilders::set_executable(const std::string& path) {
+  std::map<int, std::vector<std::unique_ptr<PlanBuilder>>> idle;  // closed after the lock is released
   std::lock_guard lock(mutex_);
   settings_.command = path.empty() ? std::vector<std::string>{} : std::vector<std::string>{path, "build-plans"};
+  for (const auto& [device, builders] : idle_) running_ -= builders.size();
+  idle.swap(idle_);  // children of another tool, or none wanted
 }
 
 std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {

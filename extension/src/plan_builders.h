@@ -211,7 +211,7 @@ class PlanBuilders {
   PlanBuilders(const PlanBuilders&) = delete;
   PlanBuilders& operator=(const PlanBuilders&) = delete;
 
-  // The builder command becomes `path build-plans`; "" turns builders off.
+  // The builder command becomes `path build-plans`; "" turns builders off. Idle children are closed.
   void set_executable(const std::string& path);
 
   // A builder for CUDA device `device`: an idle one, or one started now. Null when there is no command, the

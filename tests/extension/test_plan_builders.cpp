@@ -313,9 +313,15 @@ TEST_CASE("plan builders: an idle child is closed and reaped", "[plan_builders]"
   builders.give_back(0, std::move(builder));
   CHECK(builders.running() == 1);
   CHECK(exists(pid));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (builders.running() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(50));
+  SECTION("by the reaper") {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (builders.running() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+  SECTION("when builders are turned off") {
+    builders.set_executable("");
+    CHECK_FALSE(builders.take(0));
   }
   CHECK(builders.running() == 0);
   CHECK_FALSE(exists(pid));

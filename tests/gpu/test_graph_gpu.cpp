@@ -880,6 +880,9 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
 #ifdef CUDNN_CACHE_TOOL
   PlanBuilders& builders = PlanBuilders::instance();
   builders.set_executable(CUDNN_CACHE_TOOL);
+  struct Off {  // the other cases' searches build in-process, as the suite's figures were taken
+    ~Off() { PlanBuilders::instance().set_executable(""); }
+  } off;
 #endif
   // The depthwise key's candidates are mostly engines cuDNN compiles at run time (Note [Parallel candidate
   // builds]); the dense key's are precompiled.
