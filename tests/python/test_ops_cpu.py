@@ -3,6 +3,7 @@ CPU kernels against torch, the cached modules and convert(), TorchScript, opchec
 errors, and the cache-file API (with files written by cudnn_cache_tool, since nothing is tuned on a CPU)."""
 
 import json
+import os
 import subprocess
 import sys
 from typing import List
@@ -641,12 +642,14 @@ def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
     assert cudnn_cache.tuning_options() == {"warmup": 3, "repetitions": 7, "max_candidates": 10,
                                             "mode_b_candidates": 3, "knob_variants": 4, "finalists": 3, "flush_l2": True,
                                             "give_up_ratio": 1.5, "build_threads": 0, "exhaustive": False,
-                                            "rank_deterministic": False}
+                                            "rank_deterministic": False,
+                                            "build_processes": min(len(os.sched_getaffinity(0)) - 1, 8)}
     cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False, build_threads=4, exhaustive=True,
-                                   rank_deterministic=True)
+                                   rank_deterministic=True, build_processes=0)
     options = cudnn_cache.tuning_options()
     assert options["repetitions"] == 11 and options["flush_l2"] is False and options["warmup"] == 3
     assert options["build_threads"] == 4 and options["exhaustive"] is True and options["rank_deterministic"] is True
+    assert options["build_processes"] == 0
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['repeats'\]"):
         cudnn_cache.set_tuning_options(repeats=5)
     with pytest.raises(RuntimeError, match="tuning option repetitions must be >= 1, got 0"):
@@ -657,7 +660,18 @@ def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
         cudnn_cache.set_tuning_options(give_up_ratio=0.9)
     with pytest.raises(RuntimeError, match="build_threads must be between 0 and 1000, got -2"):
         cudnn_cache.set_tuning_options(build_threads=-2)
+    with pytest.raises(RuntimeError, match="build_processes must be between 0 and 1000, got -1"):
+        cudnn_cache.set_tuning_options(build_processes=-1)
     assert cudnn_cache.tuning_options() == options  # a refused change changes nothing
+
+
+def test_the_package_gives_searches_its_tool_for_builder_processes():
+    tool = cudnn_cache._library.tool_path()  # the package's bin/, or the build folder's
+    assert tool is not None and os.path.basename(tool) == "cudnn_cache_tool" and os.access(tool, os.X_OK)
+    with pytest.raises(RuntimeError, match="plan builder '/no/such/cudnn_cache_tool' is not an executable file"):
+        torch.ops.cudnn_cache.set_plan_builder("/no/such/cudnn_cache_tool")
+    torch.ops.cudnn_cache.set_plan_builder("")  # builds in-process from now on
+    torch.ops.cudnn_cache.set_plan_builder(tool)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers audit")

@@ -5,8 +5,11 @@ model that trains. Every test is marked gpu (skipped without CUDA)."""
 
 import copy
 import json
+import os
 import subprocess
 import sys
+import time
+from typing import List
 
 import pytest
 import torch
@@ -421,6 +424,52 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
         assert {"deterministic", "math_type"} <= best.keys()
     assert cudnn_cache.query("forward", key, backend=other) is None  # each backend has its own entries
     assert cudnn_cache.query("backward_data", cudnn_cache.conv_key("backward_data", x, w, *args)) is None
+
+
+def builder_processes() -> List[int]:
+    """The pids of this process's living children that are cudnn_cache builder processes (zombies excluded: a
+    child that ended but was not reaped would show as 'Z')."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                arguments = cmdline.read().split(b"\0")
+        except OSError:
+            continue  # it ended meanwhile
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"build-plans" in arguments:
+            found.append(int(entry))
+    return found
+
+
+def test_builder_processes_tune_what_in_process_builds_tune_and_end_when_idle():
+    """Note [Builder processes]: a cold search of a depthwise bf16 channels_last key (runtime-compiled engines)
+    with builder processes stores the same configs as one that builds every plan in-process, and the builders
+    are gone once idle."""
+    x = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last)
+    w = randn(64, 1, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=1)
+    args = ([1, 1], [1, 1], [1, 1], 64)
+    key = cudnn_cache.conv_key("forward", x, w, *args)
+    expected = F.conv2d(x, w, None, *args)
+
+    def tuned(processes: int) -> set:
+        cudnn_cache.clear()
+        cudnn_cache.set_tuning_options(build_processes=processes, mode_b_candidates=0, knob_variants=0)
+        assert_close_scaled(ops.convolution(x, w, None, *args), expected, TOLERANCE[torch.bfloat16], "output")
+        return {(entry["engine"], tuple(entry["knobs"])) for entry in cudnn_cache.query("forward", key)}
+
+    in_process = tuned(0)
+    assert any(entry["runtime_compiled"] for entry in cudnn_cache.query("forward", key)), "no compiled engine"
+    tuned(4)  # starts the builders (about a second each); the next searches use them
+    assert builder_processes(), "no builder process started (is cudnn_cache_tool next to the library?)"
+    assert tuned(4) == in_process
+    deadline = time.monotonic() + 10
+    while builder_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert builder_processes() == []
 
 
 def test_tuning_options_bound_what_a_search_stores():

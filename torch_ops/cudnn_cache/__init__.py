@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from . import _environment
-from ._library import library_path, load_library
+from ._library import library_path, load_library, tool_path
 
 # Every variable is checked before anything is loaded: See Note [Bad environment variables] in _environment.py.
 _intercept_at_import = _environment.intercept()
@@ -31,6 +31,9 @@ _environment.workspace_limit()
 _environment.miss_policy()
 _remote_at_import = _environment.remote()
 load_library()
+_tool = tool_path()
+if _tool is not None:  # else $CUDNN_CACHE_TOOL, or plans are built in-process
+    torch.ops.cudnn_cache.set_plan_builder(_tool)
 
 from . import functional  # noqa: E402  (needs the ops registered)
 from .modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, convert  # noqa: E402
@@ -273,6 +276,10 @@ def set_tuning_options(**options) -> None:
     - build_threads (0): threads that build the heuristics' candidates (cuDNN compiles some engines at run
       time, 50-200 ms each) while the calling thread times those built; 0: the cores this process may run
       on; 1: build on the calling thread only;
+    - build_processes (the usable cores - 1, at most 8): builder processes that build the runtime-compiled
+      candidates instead, one per worker thread: cuDNN's compilations overlap across processes but not threads.
+      They start when a search has two or more such candidates, hold a CUDA context each (about 0.5 GB) and end
+      after 5 s unused; 0: build in-process on build_threads. Any failure of theirs falls back to in-process;
     - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's
       heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least;
       the bounds above on candidates are ignored. Minutes per model, paid once;
