@@ -396,6 +396,15 @@ def test_build_scaling_refuses_bad_arguments_and_runs_only_on_a_gpu(arguments):
     assert ("no CUDA GPU" if not arguments else "must be between") in done.stderr
 
 
+def test_build_scaling_ways_differ_only_in_where_compiled_candidates_are_built():
+    import build_scaling
+
+    ways = {name: (processes, threads, builders) for name, processes, threads, builders in build_scaling.ways(3)}
+    assert ways == {"serial": (1, 1, 0), "threads": (1, 0, 0), "processes": (3, 1, 0), "builders": (1, 1, 3)}
+    assert set(build_scaling.BATCH_OF_WAY) == set(ways)
+    assert len(set(build_scaling.BATCH_OF_WAY.values())) == len(ways)  # each way's keys are new to it
+
+
 def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
     done = run_script("--output-dir", tmp_path, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 2, done.stderr
