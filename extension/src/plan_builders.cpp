@@ -436,12 +436,15 @@ void PlanBuilders::set_executable(const std::string& path) {
   std::map<int, std::vector<std::unique_ptr<PlanBuilder>>> idle;  // closed after the lock is released
   std::lock_guard lock(mutex_);
   settings_.command = path.empty() ? std::vector<std::string>{} : std::vector<std::string>{path, "build-plans"};
+  ++generation_;
+  failures_.clear();
   for (const auto& [device, builders] : idle_) running_ -= builders.size();
   idle.swap(idle_);  // children of another tool, or none wanted
 }
 
 std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
   std::vector<std::string> command;
+  std::uint64_t generation = 0;
   {
     std::lock_guard lock(mutex_);
     std::vector<std::unique_ptr<PlanBuilder>>& idle = idle_[device];
@@ -452,6 +455,7 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
     }
     if (settings_.command.empty() || failures_[device] >= kMaxFailures) return nullptr;
     command = settings_.command;
+    generation = generation_;
   }
   const std::optional<std::string> bus_id = settings_.bus_id(device);
   if (!bus_id) {
@@ -462,13 +466,17 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
   try {
     auto builder = std::make_unique<PlanBuilder>(command, static_cast<std::uint32_t>(cudnnGetVersion()),
                                                  settings_.start_timeout);
+    builder->generation = generation;
     std::lock_guard lock(mutex_);
     ++running_;
     if (!reaper_.joinable()) reaper_ = std::thread([this] { reap_idle(); });
     return builder;
-  } catch (const Error& e) {
-    std::lock_guard lock(mutex_);
-    const int failures = ++failures_[device];
+  } catch (const std::exception& e) {  // Error, or no thread for the reaper
+    int failures = 0;
+    {
+      std::lock_guard lock(mutex_);
+      failures = ++failures_[device];
+    }
     debug(e.what(), failures >= kMaxFailures ? "; builders are off for this device" : "");
     return nullptr;
   }
@@ -480,19 +488,22 @@ void PlanBuilders::give_back(int device, std::unique_ptr<PlanBuilder> builder) {
   const int built = builder->plans_built();
   builder->clear_plans_built();
   plans_built_ += static_cast<std::uint64_t>(built);
-  if (!builder->failed()) {
+  const bool current = builder->generation == generation_;
+  if (!builder->failed() && current) {
     if (built > 0) failures_[device] = 0;
     builder->touch();
     idle_[device].push_back(std::move(builder));
     changed_.notify_all();  // the reaper closes it once idle
     return;
   }
-  const int failures = ++failures_[device];
   --running_;
-  lock.unlock();
-  debug("closing builder ", builder->pid(), " of device ", device, " after a failure",
-        failures >= kMaxFailures ? "; builders are off for this device" : "");
-  builder.reset();  // kills and reaps, outside the lock
+  const int failures = current ? ++failures_[device] : 0;
+  lock.unlock();  // logs and kills outside the lock
+  if (current) {
+    debug("closing builder ", builder->pid(), " of device ", device, " after a failure",
+          failures >= kMaxFailures ? "; builders are off for this device" : "");
+  }
+  builder.reset();  // kills and reaps
 }
 
 std::size_t PlanBuilders::running() const {

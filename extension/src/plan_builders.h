@@ -171,6 +171,9 @@ class PlanBuilder {
   std::chrono::steady_clock::time_point last_used() const { return last_used_; }
   void touch() { last_used_ = std::chrono::steady_clock::now(); }
 
+  // Which of PlanBuilders' commands started it (PlanBuilders::set_executable counts them).
+  std::uint64_t generation = 0;
+
  private:
   pid_t pid_ = -1;
   std::unique_ptr<builder_protocol::Connection> connection_;
@@ -211,7 +214,8 @@ class PlanBuilders {
   PlanBuilders(const PlanBuilders&) = delete;
   PlanBuilders& operator=(const PlanBuilders&) = delete;
 
-  // The builder command becomes `path build-plans`; "" turns builders off. Idle children are closed.
+  // The builder command becomes `path build-plans`; "" turns builders off. Children of the previous command
+  // are closed (those in use when they are given back), and the devices' failures forgotten.
   void set_executable(const std::string& path);
 
   // A builder for CUDA device `device`: an idle one, or one started now. Null when there is no command, the
@@ -240,6 +244,7 @@ class PlanBuilders {
   std::map<int, int> failures_;                                    // in a row, by device
   std::size_t running_ = 0;
   std::uint64_t plans_built_ = 0;
+  std::uint64_t generation_ = 0;  // of settings_.command
   std::thread reaper_;  // started with the first child
 };
 

@@ -293,6 +293,8 @@ TEST_CASE("plan builders: a device's builders are off after repeated failures", 
   CHECK_FALSE(builders.take(0));  // the search builds in-process
   CHECK_FALSE(builders.disabled(1));
   CHECK(builders.running() == 0);
+  builders.set_executable("/bin/true");  // another tool: its failures are its own
+  CHECK_FALSE(builders.disabled(0));
 
   PlanBuilders none(PlanBuilders::Settings{});
   CHECK_FALSE(none.take(0));  // no tool: in-process, silently
@@ -322,6 +324,12 @@ TEST_CASE("plan builders: an idle child is closed and reaped", "[plan_builders]"
   SECTION("when builders are turned off") {
     builders.set_executable("");
     CHECK_FALSE(builders.take(0));
+  }
+  SECTION("given back after builders were turned off") {
+    std::unique_ptr<PlanBuilder> in_use = builders.take(0);  // the idle one
+    REQUIRE(in_use);
+    builders.set_executable("");
+    builders.give_back(0, std::move(in_use));
   }
   CHECK(builders.running() == 0);
   CHECK_FALSE(exists(pid));
