@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -140,6 +142,36 @@ TEST_CASE("builder protocol: malformed headers and payloads are errors that say 
     bad = request();
     bad.key.input.nb_dims = 99;
     CHECK_THROWS_WITH(decode_request(encode_request(bad)), Contains("invalid key"));
+  }
+}
+
+TEST_CASE("builder protocol: every truncation and random corruption of a payload decodes or throws Error",
+          "[plan_builders]") {
+  // What a fuzzer would look for first: no length, count or value read from the bytes may crash a decoder or
+  // make it allocate without bound (Note [Builder protocol]).
+  const auto decodes_or_throws_error = [](const std::vector<std::uint8_t>& payload) {
+    for (const auto& decoder : std::vector<std::function<void(const std::vector<std::uint8_t>&)>>{
+             [](const auto& bytes) { decode_request(bytes); }, [](const auto& bytes) { decode_plan(bytes); },
+             [](const auto& bytes) { decode_text(bytes); }, [](const auto& bytes) { decode_version(bytes); }}) {
+      try {
+        decoder(payload);
+      } catch (const Error&) {
+      }
+    }
+  };
+  std::mt19937 random(16);
+  for (const std::vector<std::uint8_t>& valid :
+       {encode_request(request()), encode_plan(plan()), encode_text("NOT_SUPPORTED"), encode_version(kVersion91)}) {
+    for (std::size_t size = 0; size <= valid.size(); ++size) {
+      decodes_or_throws_error(std::vector<std::uint8_t>(valid.begin(), valid.begin() + size));
+    }
+    for (int trial = 0; trial < 2000; ++trial) {
+      std::vector<std::uint8_t> corrupt = valid;
+      for (int flips = 1 + trial % 4; flips > 0; --flips) {
+        corrupt[random() % corrupt.size()] = static_cast<std::uint8_t>(random());
+      }
+      decodes_or_throws_error(corrupt);
+    }
   }
 }
 
