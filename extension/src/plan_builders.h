@@ -36,23 +36,25 @@ namespace cudnn_cache {
 // child's bytes, which the plan store keeps in turn (GraphPlan::serialize), rather than re-serializing a graph
 // that was itself deserialized.
 //
-// Builders may make a search slower, never fail it or change what it times, and never hang training. A child
-// that cannot start (no tool, no GPU, another cuDNN: its ready frame carries its cuDNN version), dies, answers
-// garbage, or does not answer within its timeout is killed and reaped, and that worker builds the candidate in
-// its own process as it would have without builders. After kMaxFailures failures in a row on a device, its
-// builders are off for the rest of the process (a debug log says why). Every frame is checked (Note [Builder
-// protocol]): a malformed one is an error of that builder, never a crash. The parent's ends of the sockets are
-// close-on-exec and written with MSG_NOSIGNAL, so a dead child raises no SIGPIPE, and no signal disposition of
-// the host process is touched; children are reaped by pid only, never with waitpid(-1), which would take the
-// children of others (Python's subprocess) from them.
+// Builders may make a search slower, never fail it or hang training, and change what it times only through GPU memory
+// (below). A child that cannot start (no tool, no GPU, another cuDNN: its ready frame carries its cuDNN version), dies,
+// answers garbage, or does not answer within its timeout is killed and reaped, and that worker builds the candidate in
+// its own process as it would have without builders. After kMaxFailures failures in a row on a device, its builders are
+// off until another tool is set (a debug log says why). Every frame is checked (Note [Builder protocol]): a malformed
+// one is an error of that builder, never a crash. The parent's ends of the sockets are close-on-exec and written with
+// MSG_NOSIGNAL, so a dead child raises no SIGPIPE, and no signal disposition of the host process is touched; children
+// are reaped by pid only, never with waitpid(-1), which would take the children of others (Python's subprocess) from
+// them.
 //
-// GPU memory: each child holds a CUDA context (about 0.5 GB on an H200) and takes about a second to start (CUDA
-// and cuDNN load), so children start only when a search has at least two runtime-compiled candidates to build
-// ahead, at most GraphSearchOptions::build_processes of them per device, and are kept between searches (a
-// network's keys are searched one after another). The pool's reaper thread closes a child unused for `idle` (5
-// s), which frees its memory; a child also exits by itself on EOF (its parent closed the socket, or died) or
-// after its own, longer, idle timeout, a safety net for a parent that stopped. The child finds its GPU by PCI
-// bus id, which does not depend on the order CUDA_VISIBLE_DEVICES gives the devices.
+// GPU memory: each child holds a CUDA context (about 0.5 GB on an H200) and takes about a second to start (CUDA and
+// cuDNN load), so children start only when a search has at least two runtime-compiled candidates to build ahead, one
+// per worker of the search (GraphSearchOptions::build_processes), and are kept between searches (a network's keys are
+// searched one after another; one still starting when its search ends is kept too). Their memory is the search's less:
+// on a GPU nearly full, a candidate whose workspace no longer fits is not timed, which is the one way builders can
+// change what a search times (build_processes 0 avoids it). The pool's reaper thread closes a child unused for `idle`
+// (5 s), which frees its memory; a child also exits by itself on EOF (its parent closed the socket, or died) or after
+// its own, longer, idle timeout, a safety net for a parent that stopped. The child finds its GPU by PCI bus id, which
+// does not depend on the order CUDA_VISIBLE_DEVICES gives the devices.
 
 // Note [Builder protocol]
 // ~~~~~~~~~~~~~~~~~~~~~~~

@@ -202,7 +202,9 @@ TEST_CASE("builder protocol: the child's loop answers each request, and ends at 
   SocketPair sockets;
   Connection parent(sockets.ends[0]);
   const auto build = [](const BuildRequest& asked) {
-    if (asked.index != 7) throw Error("cuDNN graph API: heuristics' plan #" + std::to_string(asked.index) + " is not that");
+    if (asked.index != 7) {
+      throw Error("cuDNN graph API: heuristics' plan #" + std::to_string(asked.index) + " is not that");
+    }
     return plan();
   };
   std::future<int> served = std::async(std::launch::async, [&] {
@@ -397,7 +399,8 @@ TEST_CASE("cudnn_cache_tool build-plans: refuses bad arguments, and without a GP
   CHECK_THAT(output, Contains("fd 3, which is not a socket"));
 
   // As a search starts it, on a socket: without that GPU (or any) it says so on stderr and never gets ready.
-  const std::string log = (std::filesystem::temp_directory_path() / ("build-plans-" + std::to_string(getpid()))).string();
+  const std::string log =
+      (std::filesystem::temp_directory_path() / ("build-plans-" + std::to_string(getpid()))).string();
   std::atomic<bool> running{false};
   PlanBuilder builder({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>'" + log + "'", CUDNN_CACHE_TOOL, "build-plans",
                        "--device-pci-bus-id", "0000:ff:1f.0"},

@@ -274,8 +274,8 @@ def set_tuning_options(**options) -> None:
     - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
     - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best;
     - build_threads (0): threads that build the heuristics' candidates (cuDNN compiles some engines at run
-      time, 50-200 ms each) while the calling thread times those built; 0: the cores this process may run
-      on; 1: build on the calling thread only;
+      time, 50-250 ms each) while the calling thread times those built, when build_processes is 0; 0: the
+      cores this process may run on; 1: build on the calling thread only;
     - build_processes (the usable cores - 1, at most 8): builder processes that build the runtime-compiled
       candidates instead, one per worker thread: cuDNN's compilations overlap across processes but not threads.
       They start when a search has two or more such candidates, hold a CUDA context each (about 0.5 GB) and end

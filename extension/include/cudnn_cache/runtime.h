@@ -230,12 +230,14 @@ struct GraphSearchOptions {
   // deterministic pick too, but leave deterministic configs in their first-pass order: the rounds cost time.
   bool rank_deterministic = false;
   // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
-  // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
+  // candidate builds] in graph_search.cpp) when build_processes is 0; 0: the cores this process may run on. 1
+  // builds on the caller only.
   int build_threads = 0;
-  // Builder processes that build the runtime-compiled ones among those, one per worker thread, where cuDNN's
-  // compilations overlap as they cannot across threads (Note [Builder processes] in plan_builders.h; each holds
-  // a CUDA context while it runs). 0: none, the workers build in-process. Needs the tool
-  // (Runtime::set_plan_builder); without it, in-process.
+  // Builder processes that build the runtime-compiled ones among those instead, one per worker thread, where
+  // cuDNN's compilations overlap as they do not across threads (Note [Builder processes] in plan_builders.h;
+  // each holds a CUDA context while it runs). There are then this many workers, whatever build_threads says,
+  // and one whose process cannot start, or fails, builds in-process. Needs the tool (Runtime::set_plan_builder).
+  // 0: no builder processes.
   int build_processes = default_build_processes();
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
   // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
