@@ -375,8 +375,9 @@ bool PlanBuilder::ready(const std::atomic<bool>& stop) {
     const std::uint32_t version = decode_version(frame->payload);
     CUDNN_CACHE_REQUIRE(version == cudnn_version_, "plan builders: the builder loaded cuDNN ", version,
                         " where this process has ", cudnn_version_, "; its plans would not restore here");
-  } catch (const Error&) {
+  } catch (const Error& e) {
     failed_ = true;
+    debug(e.what());
     throw;
   }
   ready_ = true;
@@ -397,8 +398,9 @@ StoredPlan PlanBuilder::build(const BuildRequest& request, std::chrono::millisec
     }
     CUDNN_CACHE_REQUIRE(frame->kind == FrameKind::error, "plan builder protocol: a ", kind_name(frame->kind),
                         " frame where a plan was expected");
-  } catch (const Error&) {
+  } catch (const Error& e) {
     failed_ = true;
+    debug(e.what());
     throw;
   }
   throw Error(decode_text(frame->payload));  // the builder could not build it, and said why

@@ -305,6 +305,7 @@ Stats Runtime::stats() const {
           capture_misses_.load(),
           tune_waits_.load(),
           lent_.load(),
+          PlanBuilders::instance().plans_built() - builder_plans_at_reset_.load(),
           plans_->size()};
 }
 
@@ -314,6 +315,7 @@ void Runtime::reset_stats() {
                         &capture_misses_, &tune_waits_, &lent_}) {
     *counter = 0;
   }
+  builder_plans_at_reset_ = PlanBuilders::instance().plans_built();
 }
 
 void Runtime::set_warning_handler(std::function<void(const std::string&)> handler) {

@@ -347,6 +347,17 @@ Problem depthwise_problem(std::int32_t batch) {
           3e-2};
 }
 
+// The backward-filter problem of a depthwise 3x3 layer as MobileNetV2 has them: on an H200 with cuDNN 9.19, 4 of
+// the 10 configs a search times are runtime-compiled (a forward depthwise key has 1).
+Problem depthwise_wgrad_problem() {
+  Problem problem{"2-D NHWC bf16 depthwise 3x3, backward filter",
+                  key_of(CUDNN_DATA_BFLOAT16, Layout::nhwc, {8, 64, 28, 28}, {64, 1, 3, 3}, {8, 64, 28, 28}, {1, 1},
+                         {1, 1}, {1, 1}, 64, CUDNN_TENSOR_OP_MATH),
+                  3e-2};
+  problem.key.direction = static_cast<std::int32_t>(Direction::backward_filter);
+  return problem;
+}
+
 // A runtime-compiled engine config among those search_engine_configs times for the key.
 EngineCandidate runtime_compiled_config(cudnnHandle_t handle, const ConvolutionKey& key,
                                         const ConvolutionBuffers& buffers) {
@@ -884,10 +895,10 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     ~Off() { PlanBuilders::instance().set_executable(""); }
   } off;
 #endif
-  // The depthwise key's candidates are mostly engines cuDNN compiles at run time (Note [Parallel candidate
-  // builds]); the dense key's are precompiled.
+  // The depthwise keys' candidates include engines cuDNN compiles at run time (Note [Parallel candidate builds]):
+  // one for the forward key, several for the backward-filter one; the dense key's are precompiled.
   Handle handle;
-  for (const Problem& problem : {depthwise_problem(8), problems()[1]}) {
+  for (const Problem& problem : {depthwise_problem(8), depthwise_wgrad_problem(), problems()[1]}) {
     INFO(problem.name);
     std::mt19937 random(16);
     Operands operands(problem.key, random);
@@ -945,9 +956,13 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     // workers claim nothing until theirs is ready, so a search shorter than that builds everything in-process.
     // Where the key has runtime-compiled configs, searches go on until builders have built some (or their start
     // timeout passes): a pass must have compared plans they built.
-    const bool compiled = std::count_if(serial.begin(), serial.end(), [](const EngineCandidate& c) {
-                            return (c.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
-                          }) >= 3;
+    const auto compiled_configs = std::count_if(serial.begin(), serial.end(), [](const EngineCandidate& c) {
+      return (c.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
+    });
+    const bool compiled = compiled_configs >= 3;
+    if (problem.key.direction == static_cast<std::int32_t>(Direction::backward_filter)) {
+      REQUIRE(compiled);  // the case is there to compare builders' plans: it must have some to build
+    }
     const std::uint64_t built_before = builders.plans_built();
     const auto started = std::chrono::steady_clock::now();
     double processes_ms = 0;
@@ -961,8 +976,9 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
       ++searches;
     }
     const std::uint64_t built_apart = builders.plans_built() - built_before;
-    WARN(problem.name << ": " << apart.size() << " configs timed in " << processes_ms << " ms with 4 builder "
-                      << "processes, which built " << built_apart << " plans in " << searches << " searches");
+    WARN(problem.name << ": " << apart.size() << " configs (" << compiled_configs << " runtime-compiled) timed in "
+                      << processes_ms << " ms with 4 builder processes, which built " << built_apart
+                      << " plans in " << searches << " searches");
     if (compiled) {
       CHECK(built_apart > 0);  // else every plan was built in-process, and this compared nothing
       CHECK_FALSE(builders.disabled(0));

@@ -601,7 +601,7 @@ def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
                           "plans_deserialized", "plan_rebuilds", "plan_evictions", "capture_misses", "tune_waits",
-                          "lent", "plans", "entries"}
+                          "lent", "builder_plans", "plans", "entries"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0 and stats["plans"] == 0
 

@@ -446,25 +446,39 @@ def builder_processes() -> List[int]:
 
 
 def test_builder_processes_tune_what_in_process_builds_tune_and_end_when_idle():
-    """Note [Builder processes]: a cold search of a depthwise bf16 channels_last key (runtime-compiled engines)
-    with builder processes stores the same configs as one that builds every plan in-process, and the builders
-    are gone once idle."""
+    """Note [Builder processes]: a cold search of a depthwise bf16 channels_last layer's backward filter (4 of its
+    10 timed configs are runtime-compiled on an H200) with builder processes stores the same configs as one that
+    builds every plan in-process, the builders built some of them, and they are gone once idle."""
     x = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last)
     w = randn(64, 1, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=1)
+    grad = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=2)
     args = ([1, 1], [1, 1], [1, 1], 64)
-    key = cudnn_cache.conv_key("forward", x, w, *args)
-    expected = F.conv2d(x, w, None, *args)
+    key = cudnn_cache.conv_key("backward_filter", x, w, *args)
+    expected = torch.ops.aten.convolution_backward(grad, x, w, None, *args[:3], False, [0, 0], 64,
+                                                   [False, True, False])[1]
 
     def tuned(processes: int) -> set:
         cudnn_cache.clear()
         cudnn_cache.set_tuning_options(build_processes=processes, mode_b_candidates=0, knob_variants=0)
-        assert_close_scaled(ops.convolution(x, w, None, *args), expected, TOLERANCE[torch.bfloat16], "output")
-        return {(entry["engine"], tuple(entry["knobs"])) for entry in cudnn_cache.query("forward", key)}
+        weight = w.detach().requires_grad_()
+        cudnn_cache.functional.conv2d(x, weight, None, *args).backward(grad)
+        assert_close_scaled(weight.grad, expected, TOLERANCE[torch.bfloat16], "weight gradient")
+        return {(entry["engine"], tuple(entry["knobs"])) for entry in cudnn_cache.query("backward_filter", key)}
 
     in_process = tuned(0)
-    assert any(entry["runtime_compiled"] for entry in cudnn_cache.query("forward", key)), "no compiled engine"
-    tuned(4)  # starts the builders (about a second each); the next searches use them
-    assert builder_processes(), "no builder process started (is cudnn_cache_tool next to the library?)"
+    compiled = sum(entry["runtime_compiled"] for entry in cudnn_cache.query("backward_filter", key))
+    assert compiled >= 2, f"{compiled} runtime-compiled configs: builders start only for two or more"
+    # The first search starts the builders (a CUDA context and cuDNN each: about a second); workers build
+    # in-process until theirs is ready, so searches go on until builders have built plans, or their start
+    # timeout passes.
+    cudnn_cache.reset_stats()
+    deadline = time.monotonic() + 60
+    searches = 0
+    while cudnn_cache.stats()["builder_plans"] == 0 and time.monotonic() < deadline:
+        assert tuned(4) == in_process
+        searches += 1
+        assert builder_processes(), "no builder process started (is cudnn_cache_tool next to the library?)"
+    assert cudnn_cache.stats()["builder_plans"] > 0, f"builders built nothing in {searches} searches"
     assert tuned(4) == in_process
     deadline = time.monotonic() + 10
     while builder_processes() and time.monotonic() < deadline:

@@ -204,6 +204,7 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("capture_misses", static_cast<std::int64_t>(s.capture_misses));
   result.insert("tune_waits", static_cast<std::int64_t>(s.tune_waits));
   result.insert("lent", static_cast<std::int64_t>(s.lent));
+  result.insert("builder_plans", static_cast<std::int64_t>(s.builder_plans));
   result.insert("plans", static_cast<std::int64_t>(s.plans));
   result.insert("entries", size());
   return result;

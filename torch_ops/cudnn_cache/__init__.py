@@ -359,7 +359,8 @@ def stats() -> Dict[str, int]:
     and plan_rebuilds (stored plans restored, and those rebuilt instead); plan_evictions (plans evicted by
     the plan cache's limit); capture_misses; tune_waits (misses that waited for another thread's search of
     the same key instead of searching it again); lent (keys the 'nearest' miss policy lent a neighbour's
-    choice); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit())
+    choice); builder_plans (candidate plans that builder processes built for searches, tuning option
+    build_processes); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit())
     and entries now cached."""
     return dict(_ops.stats())
 

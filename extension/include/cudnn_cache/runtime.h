@@ -142,6 +142,8 @@ struct Stats {
   std::uint64_t tune_waits = 0;  // misses that waited for another thread's search of their key instead of
                                  // searching it again (Note [One search per key])
   std::uint64_t lent = 0;        // keys the nearest miss policy lent another key's choice (Note [Nearest key])
+  std::uint64_t builder_plans = 0;  // plans that builder processes built for searches, and the searches timed
+                                    // (Note [Builder processes]); the other candidates were built in-process
   std::uint64_t plans = 0;       // entries in the plan cache now (plans and refusals; bounded by its limit; not
                                  // a counter, so reset_stats leaves it)
 };
@@ -397,6 +399,7 @@ class Runtime {
   std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
       tune_waits_{0}, lent_{0};
+  std::atomic<std::uint64_t> builder_plans_at_reset_{0};  // PlanBuilders' count when reset_stats last ran
   std::atomic<bool> warned_{false};
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
