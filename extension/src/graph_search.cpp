@@ -45,7 +45,10 @@ using namespace graph_internal;
 // when there are any (build_processes > 0, and at least two compiled candidates ahead: Note [Builder processes]
 // in plan_builders.h) and restores the plan the process sends back; without one (none configured, none could
 // start, or it failed) it builds in its own process, on `build_threads - 1` workers as before. A builder that
-// is still starting claims nothing: the calling thread builds meanwhile.
+// is still starting claims nothing: the calling thread builds meanwhile. Before building a compiled candidate,
+// a worker or the calling thread takes the plan a prefetched build made for it, if any (Note [Prefetched
+// builds] in plan_prefetch.h), and restores it as it restores a builder's; candidates built or being built ahead
+// count for no worker and start no builder process.
 //
 // Precompiled engines stay on the calling thread because a worker's build costs more than its own: a worker
 // builds each candidate in a graph of its own, made for it as the calling thread's was (heuristic_graph: the
