@@ -21,6 +21,7 @@
 #include "handle_pool.h"
 #include "paired_timing.h"
 #include "plan_builders.h"
+#include "plan_prefetch.h"
 
 namespace cudnn_cache {
 namespace {
@@ -44,7 +45,10 @@ using namespace graph_internal;
 // when there are any (build_processes > 0, and at least two compiled candidates ahead: Note [Builder processes]
 // in plan_builders.h) and restores the plan the process sends back; without one (none configured, none could
 // start, or it failed) it builds in its own process, on `build_threads - 1` workers as before. A builder that
-// is still starting claims nothing: the calling thread builds meanwhile.
+// is still starting claims nothing: the calling thread builds meanwhile. Before building a compiled candidate,
+// a worker or the calling thread takes the plan a prefetched build made for it, if any (Note [Prefetched
+// builds] in plan_prefetch.h), and restores it as it restores a builder's; candidates built or being built ahead
+// count for no worker and start no builder process.
 //
 // Precompiled engines stay on the calling thread because a worker's build costs more than its own: a worker
 // builds each candidate in a graph of its own, made for it as the calling thread's was (heuristic_graph: the
@@ -114,23 +118,62 @@ struct HeuristicPlans {
   std::vector<bool> compiled;
 };
 
+// The plans of step 1 in a heuristic_graph: what a search times first, and what prefetch_compiled_plans builds
+// ahead of it.
+HeuristicPlans heuristic_plans(Graph& graph) {
+  HeuristicPlans plans;
+  std::set<std::string> seen;
+  for (std::int64_t index = 0; index < graph.get_execution_plan_count(); ++index) {
+    std::string name;
+    if (graph.get_plan_name_at_index(index, name).is_bad() || !seen.insert(name).second) continue;
+    std::vector<fe::BehaviorNote_t> notes;
+    const bool compiled =
+        graph.get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
+        std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
+    plans.indices.push_back(index);
+    plans.names.push_back(std::move(name));
+    plans.compiled.push_back(compiled);
+  }
+  return plans;
+}
+
+// A plan a builder process built, restored on `handle` as its graph's only plan; no graph if it does not restore.
+BuiltPlan restored_plan(cudnnHandle_t handle, const ConvolutionKey& key, std::int64_t listed_index,
+                        std::shared_ptr<const StoredPlan> sent) {
+  BuiltPlan plan;
+  try {
+    plan.graph = restored_graph(handle, key, sent->bytes);
+  } catch (const std::exception&) {  // built here instead
+    return {};
+  }
+  plan.index = 0;
+  plan.sent = std::move(sent);
+  plan.listed_index = listed_index;
+  return plan;
+}
+
 // Builds step 1's runtime-compiled candidates ahead of the timing (Note [Parallel candidate builds]), in the
 // order the calling thread takes the candidates with take().
 class AheadBuilder {
  public:
-  // `workers` worker threads; with `builder_processes`, each hands its builds to a builder process.
-  AheadBuilder(std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
+  // `workers` worker threads; with `builder_processes`, each hands its builds to a builder process. `handle` is
+  // the calling thread's, which restores the prefetched plans it takes (Note [Prefetched builds]).
+  AheadBuilder(cudnnHandle_t handle, std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
                const HeuristicPlans& plans, int workers, bool builder_processes)
-      : graph_(std::move(graph)), listed_(graph_->get_execution_plan_count()), key_(key),
+      : handle_(handle), graph_(std::move(graph)), listed_(graph_->get_execution_plan_count()), key_(key),
         deterministic_(deterministic), plans_(plans),
         claimed_(new std::atomic<bool>[plans.indices.size()]()), slots_(plans.indices.size()) {
-    // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it.
-    const auto ahead = plans.compiled.empty() ? 0 : std::count(plans.compiled.begin() + 1, plans.compiled.end(), true);
+    if (cudaGetDevice(&device_) != cudaSuccess) device_ = -1;
+    // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it,
+    // unless a prefetched build makes it.
+    std::int64_t ahead = 0;
+    for (std::size_t position = 1; position < size(); ++position) {
+      if (plans.compiled[position] && !PlanPrefetcher::instance().expected(job(position))) ++ahead;
+    }
     workers = std::min<int>(workers, static_cast<int>(ahead));
     builder_processes_ = builder_processes && ahead >= 2;  // a process costs a CUDA context: not for one build
-    int device = 0;
-    if (workers <= 0 || cudaGetDevice(&device) != cudaSuccess) return;
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this, device] { work(device); });
+    if (workers <= 0 || device_ < 0) return;
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(device_); });
   }
 
   ~AheadBuilder() {
@@ -152,6 +195,8 @@ class AheadBuilder {
       built_.wait(lock, [&] { return slots_[position].done; });
       BuiltPlan& plan = slots_[position].plan;
       if (plan.graph && (!plan.sent || describe_built(plan, *graph_, listed_))) return std::move(plan);
+    } else if (BuiltPlan plan = prefetched(handle_, position); plan.graph && describe_built(plan, *graph_, listed_)) {
+      return plan;
     }
     return {graph_, build_at(*graph_, plans_.indices[position])};
   }
@@ -170,21 +215,30 @@ class AheadBuilder {
     return claimed_[position].compare_exchange_strong(expected, true);
   }
 
+  // What a builder process is asked for to build the plan at `position`, and a prefetched build was.
+  PrefetchJob job(std::size_t position) const {
+    return {device_, {key_, deterministic_, plans_.indices[position], plans_.names[position]}};
+  }
+
   // The plan at `position`, built by `builder` and restored on `handle`; no graph if that failed.
   BuiltPlan built_by(PlanBuilder& builder, cudnnHandle_t handle, std::size_t position) {
-    BuiltPlan plan;
+    std::shared_ptr<const StoredPlan> sent;
     try {
-      const builder_protocol::BuildRequest request{key_, deterministic_, plans_.indices[position],
-                                                   plans_.names[position]};
-      plan.sent = std::make_shared<const StoredPlan>(
-          builder.build(request, PlanBuilders::instance().settings().build_timeout));
-      plan.graph = restored_graph(handle, key_, plan.sent->bytes);
-      plan.index = 0;
-      plan.listed_index = request.index;
+      sent = std::make_shared<const StoredPlan>(
+          builder.build(job(position).request, PlanBuilders::instance().settings().build_timeout));
     } catch (const std::exception&) {  // the builder failed, or could not build it: built here instead
       return {};
     }
-    return plan;
+    return restored_plan(handle, key_, plans_.indices[position], std::move(sent));
+  }
+
+  // The plan at `position` from a prefetched build (Note [Prefetched builds]), restored on `handle`; no graph if
+  // there is none (a build still queued is cancelled: the caller builds it).
+  BuiltPlan prefetched(cudnnHandle_t handle, std::size_t position) {
+    if (!plans_.compiled[position] || device_ < 0) return {};
+    std::shared_ptr<const StoredPlan> sent =
+        PlanPrefetcher::instance().take(job(position), PlanBuilders::instance().settings().build_timeout);
+    return sent ? restored_plan(handle, key_, plans_.indices[position], std::move(sent)) : BuiltPlan{};
   }
 
   // Workers claim runtime-compiled candidates only, in order; each is built in a graph made for it (by the
@@ -211,8 +265,8 @@ class AheadBuilder {
       std::size_t position = 0;
       if (stopped_.load() || (position = cursor_++) >= size()) break;
       if (!plans_.compiled[position] || !claim(position)) continue;
-      BuiltPlan plan;
-      if (builder) plan = built_by(*builder, handle, position);
+      BuiltPlan plan = prefetched(handle, position);
+      if (!plan.graph && builder) plan = built_by(*builder, handle, position);
       drop_failed();
       if (!plan.graph) {
         plan = build_listed(handle, key_, deterministic_, plans_.indices[position], plans_.names[position]);
@@ -225,6 +279,8 @@ class AheadBuilder {
     HandlePool::instance().give_back(device, handle);
   }
 
+  cudnnHandle_t handle_;
+  int device_ = -1;  // the calling thread's
   std::shared_ptr<Graph> graph_;
   std::int64_t listed_;  // graph_'s plans: heuristics' list
   const ConvolutionKey& key_;
@@ -324,22 +380,7 @@ class EngineSearch {
   }
 
   // The plans of step 1 in the search's graph.
-  HeuristicPlans heuristic_plans() const {
-    HeuristicPlans plans;
-    std::set<std::string> seen;
-    for (std::int64_t index = 0; index < graph_->get_execution_plan_count(); ++index) {
-      std::string name;
-      if (graph_->get_plan_name_at_index(index, name).is_bad() || !seen.insert(name).second) continue;
-      std::vector<fe::BehaviorNote_t> notes;
-      const bool compiled =
-          graph_->get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
-          std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
-      plans.indices.push_back(index);
-      plans.names.push_back(std::move(name));
-      plans.compiled.push_back(compiled);
-    }
-    return plans;
-  }
+  HeuristicPlans heuristic_plans() const { return cudnn_cache::heuristic_plans(*graph_); }
 
   std::shared_ptr<Graph> shared_graph() const { return graph_; }
 
@@ -476,7 +517,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   //    Workers: one per builder process (Note [Builder processes]), else build_threads - 1.
   const int threads = options.build_threads > 0 ? options.build_threads : usable_cores();
   const int workers = options.build_processes > 0 ? options.build_processes : threads - 1;
-  AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans,
+  AheadBuilder builder(handle, search.shared_graph(), key, options.deterministic, plans,
                        std::min(workers, bounds.heuristic - 1), options.build_processes > 0);
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
@@ -509,6 +550,30 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                       best_built.sent ? best_built.sent->bytes : std::vector<std::uint8_t>{}));
   }
   return ranked;
+}
+
+bool prefetch_compiled_plans(cudnnHandle_t handle, const ConvolutionKey& key, const GraphSearchOptions& options) {
+  int device = -1;
+  if (options.build_processes <= 0 || cudaGetDevice(&device) != cudaSuccess ||
+      !PlanBuilders::instance().available(device)) {
+    return false;
+  }
+  try {
+    const std::shared_ptr<Graph> graph = heuristic_graph(handle, key, options.deterministic);
+    const HeuristicPlans plans = heuristic_plans(*graph);
+    // Step 1 takes positions in order until bounds.heuristic are timed: those after it are rarely reached.
+    const std::size_t reached = std::min<std::size_t>(plans.indices.size(),
+                                                      static_cast<std::size_t>(bounds_of(options).heuristic));
+    std::vector<PrefetchJob> jobs;
+    for (std::size_t position = 0; position < reached; ++position) {
+      if (plans.compiled[position]) {
+        jobs.push_back({device, {key, options.deterministic, plans.indices[position], plans.names[position]}});
+      }
+    }
+    return PlanPrefetcher::instance().enqueue(jobs, options.build_processes);
+  } catch (const std::exception&) {  // no list, no prefetch: the search makes it, or says why
+    return false;
+  }
 }
 
 int run_plan_builder(int fd, const std::string& pci_bus_id, std::chrono::milliseconds idle) {

@@ -524,6 +524,12 @@ bool PlanBuilders::disabled(int device) const {
   return found != failures_.end() && found->second >= kMaxFailures;
 }
 
+bool PlanBuilders::available(int device) const {
+  std::lock_guard lock(mutex_);
+  const auto found = failures_.find(device);
+  return !settings_.command.empty() && (found == failures_.end() || found->second < kMaxFailures);
+}
+
 void PlanBuilders::reap_idle() {
   constexpr std::chrono::milliseconds kTick{250};
   const auto any_idle = [&] {

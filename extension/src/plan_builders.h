@@ -232,6 +232,8 @@ class PlanBuilders {
   std::size_t running() const;
   // Whether the device's builders are off after kMaxFailures failures in a row.
   bool disabled(int device) const;
+  // Whether take(device) may give a builder: there is a command, and the device's builders are not off.
+  bool available(int device) const;
   // Plans builders have built and sent, counted as they are given back; for tests.
   std::uint64_t plans_built() const;
 

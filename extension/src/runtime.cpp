@@ -24,6 +24,7 @@
 #include "handle_pool.h"
 #include "in_flight.h"
 #include "plan_builders.h"
+#include "plan_prefetch.h"
 #include "plan_cache.h"
 
 namespace cudnn_cache {
@@ -306,6 +307,7 @@ Stats Runtime::stats() const {
           tune_waits_.load(),
           lent_.load(),
           PlanBuilders::instance().plans_built() - builder_plans_at_reset_.load(),
+          PlanPrefetcher::instance().plans_taken() - prefetched_plans_at_reset_.load(),
           plans_->size()};
 }
 
@@ -316,6 +318,33 @@ void Runtime::reset_stats() {
     *counter = 0;
   }
   builder_plans_at_reset_ = PlanBuilders::instance().plans_built();
+  prefetched_plans_at_reset_ = PlanPrefetcher::instance().plans_taken();
+}
+
+namespace {
+thread_local bool backward_expected = false;  // Note [Backward expected]
+}  // namespace
+
+ExpectBackward::ExpectBackward(bool expected) : previous_(backward_expected) {
+  if (expected) backward_expected = true;
+}
+
+ExpectBackward::~ExpectBackward() { backward_expected = previous_; }
+
+bool ExpectBackward::active() { return backward_expected; }
+
+void Runtime::prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key) {
+  if (!ExpectBackward::active()) return;
+  GraphSearchOptions options = search_options();
+  if (!options.prefetch_backward || options.build_processes <= 0) return;
+  const DirectionCaches& caches = caches_for_device(device);
+  for (const Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+    ConvolutionKey other = key;
+    other.direction = static_cast<std::int32_t>(direction);
+    if (other.direction == key.direction || caches.holds(true, other)) continue;
+    const bool queued = prefetch_compiled_plans(handle, other, options);
+    if (queued && logs(LogLevel::debug)) log(LogLevel::debug, detail::concat("prefetching plans of ", other));
+  }
 }
 
 void Runtime::set_warning_handler(std::function<void(const std::string&)> handler) {
@@ -490,6 +519,8 @@ Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCac
   if (policy == MissPolicy::nearest) return {lend(cache, key, backend), true};
   if (policy == MissPolicy::tune) {
     const bool searched = searching_->run_once(&cache, key, [&] {
+      // The backward keys' builds first, so that they compile while this search runs.
+      if constexpr (Chosen::backend == Backend::graph) prefetch_backward(handle, device, key);
       ranking =
           std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate, deterministic));
       cache.insert(key, *ranking);

@@ -1,5 +1,6 @@
 // Builder processes without a GPU: the protocol (Note [Builder protocol]), the serving loop with a stand-in
-// build, and children that die, hang or answer garbage (Note [Builder processes]). The GPU suite checks that a
+// build, children that die, hang or answer garbage (Note [Builder processes]), and the prefetcher's queue and
+// results on such children (Note [Prefetched builds]). The GPU suite checks that a
 // search with builder processes times what it times without them.
 
 #include <signal.h>
@@ -24,6 +25,7 @@
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/key.h"
 #include "plan_builders.h"
+#include "plan_prefetch.h"
 
 namespace {
 
@@ -369,6 +371,209 @@ TEST_CASE("plan builders: an idle child is closed and reaped", "[plan_builders]"
   CHECK(builders.running() == 0);
   CHECK_FALSE(exists(pid));
   std::filesystem::remove(ready);
+}
+
+namespace {
+
+// A prefetch job for `request()` at heuristics' position `index`, on device 0.
+PrefetchJob prefetch_job(std::int64_t index) {
+  BuildRequest made = request();
+  made.index = index;
+  return {0, made};
+}
+
+// plan(), told apart by its last byte.
+StoredPlan plan_numbered(std::uint8_t number) {
+  StoredPlan made = plan();
+  made.bytes.back() = number;
+  return made;
+}
+
+// A builder command that sends ready, waits `delay` (sleep's argument), then answers with plans 1..`plans`
+// (whatever was asked: the prefetcher's bookkeeping is under test, not the build) and idles.
+struct FakeBuilder {
+  std::string file;
+  std::vector<std::string> command;
+  FakeBuilder(const std::string& name, int plans, const std::string& delay = "0") {
+    std::vector<std::uint8_t> bytes = encode_frame(FrameKind::ready, encode_version(cudnnGetVersion()));
+    for (int number = 1; number <= plans; ++number) {
+      const std::vector<std::uint8_t> frame =
+          encode_frame(FrameKind::plan, encode_plan(plan_numbered(static_cast<std::uint8_t>(number))));
+      bytes.insert(bytes.end(), frame.begin(), frame.end());
+    }
+    file = frame_file(name, bytes);
+    command = shell("head -c " + std::to_string(kHeaderBytes + encode_version(0).size()) + " '" + file +
+                    "' >&3; sleep " + delay + "; tail -c +" +
+                    std::to_string(kHeaderBytes + encode_version(0).size() + 1) + " '" + file +
+                    "' >&3; exec sleep 60");
+  }
+  ~FakeBuilder() { std::filesystem::remove(file); }
+};
+
+PlanBuilders::Settings builder_settings(std::vector<std::string> command) {
+  PlanBuilders::Settings settings;
+  settings.command = std::move(command);
+  settings.build_timeout = milliseconds(5000);
+  settings.bus_id = [](int) { return std::optional<std::string>("0000:00:00.0"); };
+  return settings;
+}
+
+// Waits (polling: the prefetcher's threads signal no test hook) until `done` holds, or 10 s pass.
+bool eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("prefetched builds: a finished plan is taken once, and only by its own job", "[plan_builders][prefetch]") {
+  FakeBuilder fake("prefetch-once", 1);
+  PlanBuilders builders(builder_settings(fake.command));
+  PlanPrefetcher prefetcher({&builders, 512});
+  REQUIRE(prefetcher.enqueue({prefetch_job(3)}, 1));
+  CHECK_FALSE(prefetcher.enqueue({prefetch_job(3)}, 1));  // queued already: not twice
+  REQUIRE(eventually([&] { return prefetcher.counts().finished == 1; }));
+  CHECK(prefetcher.expected(prefetch_job(3)));
+  CHECK_FALSE(prefetcher.expected(prefetch_job(4)));
+  CHECK_FALSE(prefetcher.take(prefetch_job(4), milliseconds(0)));
+  PrefetchJob other_device = prefetch_job(3);
+  other_device.device = 1;
+  CHECK_FALSE(prefetcher.take(other_device, milliseconds(0)));
+  const std::shared_ptr<const StoredPlan> taken = prefetcher.take(prefetch_job(3), milliseconds(0));
+  REQUIRE(taken);
+  CHECK(taken->bytes == plan_numbered(1).bytes);
+  CHECK(taken->config.engine_id == 12);
+  CHECK_FALSE(prefetcher.take(prefetch_job(3), milliseconds(0)));  // once
+  CHECK(prefetcher.plans_taken() == 1);
+  CHECK(prefetcher.counts().finished == 0);
+  // The thread gave its builder back when the queue was empty: the pool keeps it until idle.
+  CHECK(eventually([&] { return builders.running() == 1 && builders.plans_built() == 1; }));
+}
+
+TEST_CASE("prefetched builds: a job in flight is waited for, a queued one is cancelled by take",
+          "[plan_builders][prefetch]") {
+  FakeBuilder fake("prefetch-wait", 2, "1");  // the first answer takes a second
+  PlanBuilders builders(builder_settings(fake.command));
+  PlanPrefetcher prefetcher({&builders, 512});
+  REQUIRE(prefetcher.enqueue({prefetch_job(1), prefetch_job(2)}, 1));  // one process: the second waits
+  REQUIRE(eventually([&] { return prefetcher.counts().in_flight == 1; }));
+  CHECK(prefetcher.counts().queued == 1);
+  CHECK_FALSE(prefetcher.expected(prefetch_job(2)));  // queued only: the search builds it
+  CHECK_FALSE(prefetcher.take(prefetch_job(2), milliseconds(5000)));  // cancelled at once, not waited for
+  CHECK(prefetcher.counts().queued == 0);
+  CHECK(prefetcher.expected(prefetch_job(1)));
+  const auto asked = std::chrono::steady_clock::now();
+  const std::shared_ptr<const StoredPlan> waited = prefetcher.take(prefetch_job(1), milliseconds(5000));
+  REQUIRE(waited);
+  CHECK(waited->bytes == plan_numbered(1).bytes);
+  CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(4));
+  // The cancelled job is never built (the child would answer it at once); the builder is given back.
+  REQUIRE(eventually([&] { return builders.plans_built() >= 1; }));
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK(prefetcher.counts().finished == 0);
+  CHECK(builders.plans_built() == 1);
+}
+
+TEST_CASE("prefetched builds: an in-flight job waited for past the timeout gives nothing",
+          "[plan_builders][prefetch]") {
+  FakeBuilder fake("prefetch-slow", 1, "2");
+  PlanBuilders builders(builder_settings(fake.command));
+  PlanPrefetcher prefetcher({&builders, 512});
+  REQUIRE(prefetcher.enqueue({prefetch_job(1)}, 1));
+  REQUIRE(eventually([&] { return prefetcher.counts().in_flight == 1; }));
+  CHECK_FALSE(prefetcher.take(prefetch_job(1), milliseconds(100)));
+  // It stays for a later take, or the bound.
+  CHECK(prefetcher.take(prefetch_job(1), milliseconds(5000)));
+}
+
+TEST_CASE("prefetched builds: the bound drops the oldest finished jobs", "[plan_builders][prefetch]") {
+  FakeBuilder fake("prefetch-bound", 8);
+  PlanBuilders builders(builder_settings(fake.command));
+  PlanPrefetcher prefetcher({&builders, 2});
+  for (std::int64_t index = 1; index <= 3; ++index) {  // one at a time: the queue is bounded too
+    REQUIRE(prefetcher.enqueue({prefetch_job(index)}, 1));
+    REQUIRE(eventually([&] {
+      const PlanPrefetcher::Counts counts = prefetcher.counts();
+      return counts.queued == 0 && counts.in_flight == 0;
+    }));
+  }
+  CHECK(prefetcher.counts().finished == 2);
+  CHECK_FALSE(prefetcher.take(prefetch_job(1), milliseconds(0)));  // the oldest, dropped
+  const std::shared_ptr<const StoredPlan> second = prefetcher.take(prefetch_job(2), milliseconds(0));
+  const std::shared_ptr<const StoredPlan> third = prefetcher.take(prefetch_job(3), milliseconds(0));
+  REQUIRE(second);
+  REQUIRE(third);
+  CHECK(second->bytes == plan_numbered(2).bytes);
+  CHECK(third->bytes == plan_numbered(3).bytes);
+  // And a queue as long as the bound takes no more (one job at most has left it for the thread meanwhile).
+  CHECK(prefetcher.enqueue({prefetch_job(4), prefetch_job(5), prefetch_job(6), prefetch_job(7)}, 1));
+  CHECK(prefetcher.counts().queued <= 2);
+}
+
+TEST_CASE("prefetched builds: a failed build gives nothing, and a failed builder is counted",
+          "[plan_builders][prefetch]") {
+  SECTION("no builder can start: the job fails once the device's builders are off") {
+    PlanBuilders builders(builder_settings({"/bin/false"}));
+    PlanPrefetcher prefetcher({&builders, 512});
+    REQUIRE(prefetcher.enqueue({prefetch_job(1)}, 1));
+    REQUIRE(eventually([&] { return prefetcher.counts().finished == 1; }));
+    CHECK_FALSE(prefetcher.expected(prefetch_job(1)));  // the search builds it
+    CHECK_FALSE(prefetcher.take(prefetch_job(1), milliseconds(0)));
+    CHECK(builders.running() == 0);
+    CHECK(builders.disabled(0));  // each start's failure counted as a search's is, until the builders are off
+    CHECK_FALSE(prefetcher.enqueue({prefetch_job(20)}, 1));  // builders are off now: nothing queued
+  }
+  SECTION("the builder cannot build that plan, and builds the next") {
+    std::vector<std::uint8_t> bytes = encode_frame(FrameKind::ready, encode_version(cudnnGetVersion()));
+    for (const std::vector<std::uint8_t>& frame : {encode_frame(FrameKind::error, encode_text("NOT_SUPPORTED")),
+                                                   encode_frame(FrameKind::plan, encode_plan(plan_numbered(2)))}) {
+      bytes.insert(bytes.end(), frame.begin(), frame.end());
+    }
+    const std::string answers = frame_file("prefetch-error", bytes);
+    PlanBuilders builders(builder_settings(shell("cat '" + answers + "' >&3; exec sleep 60")));
+    PlanPrefetcher prefetcher({&builders, 512});
+    REQUIRE(prefetcher.enqueue({prefetch_job(1), prefetch_job(2)}, 1));
+    REQUIRE(eventually([&] { return prefetcher.counts().finished == 2; }));
+    CHECK_FALSE(prefetcher.take(prefetch_job(1), milliseconds(0)));
+    const std::shared_ptr<const StoredPlan> built = prefetcher.take(prefetch_job(2), milliseconds(0));
+    REQUIRE(built);
+    CHECK(built->bytes == plan_numbered(2).bytes);
+    CHECK_FALSE(builders.disabled(0));
+    std::filesystem::remove(answers);
+  }
+}
+
+TEST_CASE("prefetched builds: nothing without builders, and a prefetcher destroyed mid-build ends cleanly",
+          "[plan_builders][prefetch]") {
+  SECTION("no tool") {
+    PlanBuilders none(PlanBuilders::Settings{});
+    PlanPrefetcher prefetcher({&none, 512});
+    CHECK_FALSE(prefetcher.enqueue({prefetch_job(1)}, 4));
+    CHECK(prefetcher.counts().queued == 0);
+    CHECK_FALSE(prefetcher.take(prefetch_job(1), milliseconds(0)));
+  }
+  SECTION("no processes") {
+    FakeBuilder fake("prefetch-none", 1);
+    PlanBuilders builders(builder_settings(fake.command));
+    PlanPrefetcher prefetcher({&builders, 512});
+    CHECK_FALSE(prefetcher.enqueue({prefetch_job(1)}, 0));
+    CHECK(prefetcher.counts().queued == 0);
+    CHECK(builders.running() == 0);
+  }
+  SECTION("destroyed while building and with jobs queued") {
+    FakeBuilder fake("prefetch-destroyed", 3, "1");
+    PlanBuilders builders(builder_settings(fake.command));
+    {
+      PlanPrefetcher prefetcher({&builders, 512});
+      REQUIRE(prefetcher.enqueue({prefetch_job(1), prefetch_job(2), prefetch_job(3)}, 1));
+      REQUIRE(eventually([&] { return prefetcher.counts().in_flight == 1; }));
+    }  // joins its thread, which finishes its build (or stops its builder's start) and builds no more
+    CHECK(builders.plans_built() == 1);  // the child would answer the queued ones at once if asked
+  }
 }
 
 #ifdef CUDNN_CACHE_TOOL

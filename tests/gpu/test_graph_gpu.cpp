@@ -21,6 +21,7 @@
 
 #include "cudnn_cache/graph.h"
 #include "plan_builders.h"
+#include "plan_prefetch.h"
 #include "plan_cache.h"
 
 using namespace cudnn_cache;
@@ -757,6 +758,33 @@ bool distinct_choices(const std::vector<EngineCandidate>& configs) {
   return true;
 }
 
+#ifdef CUDNN_CACHE_TOOL
+// Builder processes on for a case: the other cases' searches build in-process, as the suite's figures were taken.
+struct BuildersOn {
+  BuildersOn() { PlanBuilders::instance().set_executable(CUDNN_CACHE_TOOL); }
+  ~BuildersOn() { PlanBuilders::instance().set_executable(""); }
+  BuildersOn(const BuildersOn&) = delete;
+  BuildersOn& operator=(const BuildersOn&) = delete;
+};
+#endif
+
+// Every config of `serial` is timed by `other` too, described the same way (a restored plan is described by the
+// search's own graph: Note [Parallel candidate builds]).
+void check_same_configs(const std::vector<EngineCandidate>& serial, const std::vector<EngineCandidate>& other) {
+  REQUIRE(other.size() == serial.size());
+  CHECK(distinct_choices(other));
+  for (const EngineCandidate& config : serial) {
+    INFO(to_string(config));
+    const auto same = std::find_if(other.begin(), other.end(),
+                                   [&](const EngineCandidate& c) { return c.same_choice(config); });
+    REQUIRE(same != other.end());
+    CHECK(same->workspace_bytes == config.workspace_bytes);
+    CHECK(same->behavior_notes == config.behavior_notes);
+    CHECK(same->numerical_notes == config.numerical_notes);
+    CHECK(same->heuristic_index == config.heuristic_index);
+  }
+}
+
 }  // namespace
 
 // Note [Deterministic calls]: a search records each config's numerical notes and always times native's
@@ -890,10 +918,7 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
           "[gpu][graph][search]") {
 #ifdef CUDNN_CACHE_TOOL
   PlanBuilders& builders = PlanBuilders::instance();
-  builders.set_executable(CUDNN_CACHE_TOOL);
-  struct Off {  // the other cases' searches build in-process, as the suite's figures were taken
-    ~Off() { PlanBuilders::instance().set_executable(""); }
-  } off;
+  const BuildersOn on;
 #endif
   // The depthwise keys' candidates include engines cuDNN compiles at run time (Note [Parallel candidate builds]):
   // one for the forward key, several for the backward-filter one; the dense key's are precompiled.
@@ -925,23 +950,6 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
       CHECK(restored.workspace_bytes() == config.workspace_bytes);
       restored.execute(handle.handle, operands.buffers(), workspace.data());
       check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
-    };
-    // Every config of `serial` is timed by `other` too, described the same way (a restored plan is described by
-    // the search's own graph: Note [Parallel candidate builds]).
-    const auto check_same_configs = [&](const std::vector<EngineCandidate>& serial,
-                                        const std::vector<EngineCandidate>& other) {
-      REQUIRE(other.size() == serial.size());
-      CHECK(distinct_choices(other));
-      for (const EngineCandidate& config : serial) {
-        INFO(to_string(config));
-        const auto same = std::find_if(other.begin(), other.end(),
-                                       [&](const EngineCandidate& c) { return c.same_choice(config); });
-        REQUIRE(same != other.end());
-        CHECK(same->workspace_bytes == config.workspace_bytes);
-        CHECK(same->behavior_notes == config.behavior_notes);
-        CHECK(same->numerical_notes == config.numerical_notes);
-        CHECK(same->heuristic_index == config.heuristic_index);
-      }
     };
     double serial_ms = 0, parallel_ms = 0;
     const std::vector<EngineCandidate> serial = search(1, 0, nullptr, &serial_ms);
@@ -992,6 +1000,52 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   CHECK(builders.running() == 0);
+#endif
+}
+
+// Note [Prefetched builds]: a search whose runtime-compiled candidates were built ahead restores them, and times
+// what a search without them times.
+TEST_CASE("prefetched builds: a search restores the plans built ahead of it and times the same configs",
+          "[gpu][graph][search][prefetch]") {
+#ifdef CUDNN_CACHE_TOOL
+  PlanBuilders& builders = PlanBuilders::instance();
+  const BuildersOn on;
+  Handle handle;
+  const Problem problem = depthwise_wgrad_problem();  // 4 runtime-compiled configs on the H200
+  std::mt19937 random(16);
+  Operands operands(problem.key, random);
+  GraphSearchOptions options = only_heuristics(10);
+  const auto search = [&](int processes) {
+    options.build_processes = processes;
+    return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, nullptr);
+  };
+  const std::vector<EngineCandidate> serial = search(0);
+  const auto compiled = std::count_if(serial.begin(), serial.end(), [](const EngineCandidate& c) {
+    return (c.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
+  });
+  REQUIRE(compiled >= 2);
+
+  PlanPrefetcher& prefetcher = PlanPrefetcher::instance();
+  const std::uint64_t taken_before = prefetcher.plans_taken();
+  options.build_processes = 4;
+  REQUIRE(prefetch_compiled_plans(handle.handle, problem.key, options));
+  // The builders start (seconds: CUDA and cuDNN load) and compile; polled, as a training step would not wait.
+  const auto deadline = std::chrono::steady_clock::now() + builders.settings().start_timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const PlanPrefetcher::Counts counts = prefetcher.counts();
+    if (counts.queued == 0 && counts.in_flight == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::size_t finished = prefetcher.counts().finished;
+  WARN(problem.name << ": " << finished << " prefetched builds finished for " << compiled
+                    << " runtime-compiled configs timed");
+  REQUIRE(finished >= 1);
+  const std::uint64_t running = builders.running();
+  const std::vector<EngineCandidate> prefetched = search(4);
+  check_same_configs(serial, prefetched);
+  CHECK(prefetcher.plans_taken() > taken_before);
+  CHECK(builders.running() <= running);  // its compiled candidates were built: no builder started for it
+  CHECK_FALSE(builders.disabled(0));
 #endif
 }
 

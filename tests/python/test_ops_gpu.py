@@ -486,6 +486,45 @@ def test_builder_processes_tune_what_in_process_builds_tune_and_end_when_idle():
     assert builder_processes() == []
 
 
+def test_prefetched_backward_builds_tune_what_searches_without_them_tune():
+    """Note [Prefetched builds]: the forward miss of a depthwise bf16 channels_last layer whose weight and input
+    require grad has builders compile its backward keys' runtime-compiled candidates while it is searched; the
+    backward pass's searches restore them (prefetched_plans), its gradients are native's, and the configs they
+    store are those of searches without prefetching."""
+    x = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last)
+    w = randn(64, 1, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=1)
+    grad = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=2)
+    args = ([1, 1], [1, 1], [1, 1], 64)
+    keys = {direction: cudnn_cache.conv_key(direction, x, w, *args)
+            for direction in ("backward_data", "backward_filter")}
+    expected = torch.ops.aten.convolution_backward(grad, x, w, None, *args[:3], False, [0, 0], 64,
+                                                   [True, True, False])
+
+    def tuned(prefetch: bool) -> dict:
+        cudnn_cache.clear()
+        cudnn_cache.set_tuning_options(build_processes=4, prefetch_backward=prefetch, mode_b_candidates=0,
+                                       knob_variants=0)
+        inputs = x.detach().requires_grad_()
+        weight = w.detach().requires_grad_()
+        cudnn_cache.functional.conv2d(inputs, weight, None, *args).backward(grad)
+        assert_close_scaled(inputs.grad, expected[0], TOLERANCE[torch.bfloat16], "input gradient")
+        assert_close_scaled(weight.grad, expected[1], TOLERANCE[torch.bfloat16], "weight gradient")
+        return {direction: {(entry["engine"], tuple(entry["knobs"])) for entry in cudnn_cache.query(direction, key)}
+                for direction, key in keys.items()}
+
+    without = tuned(False)
+    # Builders start during the first forward search (seconds) and its backward searches may come first: the
+    # runs go on until a search has restored prefetched plans, or a minute passes.
+    cudnn_cache.reset_stats()
+    deadline = time.monotonic() + 60
+    runs = 0
+    while cudnn_cache.stats()["prefetched_plans"] == 0 and time.monotonic() < deadline:
+        assert tuned(True) == without
+        runs += 1
+    assert cudnn_cache.stats()["prefetched_plans"] > 0, f"no prefetched plan restored in {runs} runs"
+    assert tuned(True) == without
+
+
 def test_tuning_options_bound_what_a_search_stores():
     x, w = randn(4, 16, 16, 16, dtype=torch.float16), randn(32, 16, 3, 3, dtype=torch.float16)
     args = ([1, 1], [1, 1], [1, 1], 1)

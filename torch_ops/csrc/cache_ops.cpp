@@ -205,6 +205,7 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("tune_waits", static_cast<std::int64_t>(s.tune_waits));
   result.insert("lent", static_cast<std::int64_t>(s.lent));
   result.insert("builder_plans", static_cast<std::int64_t>(s.builder_plans));
+  result.insert("prefetched_plans", static_cast<std::int64_t>(s.prefetched_plans));
   result.insert("plans", static_cast<std::int64_t>(s.plans));
   result.insert("entries", size());
   return result;
@@ -259,7 +260,8 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
                         std::optional<std::int64_t> knob_variants, std::optional<std::int64_t> finalists,
                         std::optional<bool> flush_l2, std::optional<double> give_up_ratio,
                         std::optional<std::int64_t> build_threads, std::optional<bool> exhaustive,
-                        std::optional<bool> rank_deterministic, std::optional<std::int64_t> build_processes) {
+                        std::optional<bool> rank_deterministic, std::optional<std::int64_t> build_processes,
+                        std::optional<bool> prefetch_backward) {
   Runtime& runtime = Runtime::instance();
   GraphSearchOptions options = runtime.search_options();
   const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
@@ -280,6 +282,7 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
   if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
   if (exhaustive) options.exhaustive = *exhaustive;
   if (rank_deterministic) options.rank_deterministic = *rank_deterministic;
+  if (prefetch_backward) options.prefetch_backward = *prefetch_backward;
   rethrow([&] { runtime.set_search_options(options); });
 }
 
@@ -301,6 +304,7 @@ c10::Dict<std::string, c10::IValue> get_tuning_options() {
   result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
   result.insert("build_threads", static_cast<std::int64_t>(options.build_threads));
   result.insert("build_processes", static_cast<std::int64_t>(options.build_processes));
+  result.insert("prefetch_backward", options.prefetch_backward);
   result.insert("exhaustive", options.exhaustive);
   result.insert("rank_deterministic", options.rank_deterministic);
   return result;

@@ -55,7 +55,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("set_tuning_options(int? warmup=None, int? repetitions=None, int? max_candidates=None, "
         "int? mode_b_candidates=None, int? knob_variants=None, int? finalists=None, bool? flush_l2=None, "
         "float? give_up_ratio=None, int? build_threads=None, bool? exhaustive=None, "
-        "bool? rank_deterministic=None, int? build_processes=None) -> ()");
+        "bool? rank_deterministic=None, int? build_processes=None, bool? prefetch_backward=None) -> ()");
   m.def("get_tuning_options() -> Dict(str, Any)");
   m.def("set_plan_builder(str path) -> ()");
   m.def("audit(int? device=None) -> Dict(str, Any)[]");

@@ -280,6 +280,10 @@ def set_tuning_options(**options) -> None:
       candidates instead, one per worker thread: cuDNN's compilations overlap across processes but not threads.
       They start when a search has two or more such candidates, hold a CUDA context each (about 0.5 GB) and end
       after 5 s unused; 0: build in-process on build_threads. Any failure of theirs falls back to in-process;
+    - prefetch_backward (True): when a forward convolution that autograd records (grad mode on, input or weight
+      requiring grad) misses, builder processes build its backward keys' runtime-compiled candidates while
+      the forward search runs, and the backward pass's searches restore them instead of compiling; needs
+      build_processes > 0;
     - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's
       heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least;
       the bounds above on candidates are ignored. Minutes per model, paid once;
@@ -360,7 +364,8 @@ def stats() -> Dict[str, int]:
     the plan cache's limit); capture_misses; tune_waits (misses that waited for another thread's search of
     the same key instead of searching it again); lent (keys the 'nearest' miss policy lent a neighbour's
     choice); builder_plans (candidate plans that builder processes built for searches, tuning option
-    build_processes); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit())
+    build_processes); prefetched_plans (of those, plans built ahead of their key's search that it restored,
+    tuning option prefetch_backward); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit())
     and entries now cached."""
     return dict(_ops.stats())
 

@@ -99,6 +99,31 @@ MissPolicy miss_policy_from_string(const std::string& name);
 // The cuDNN API convolutions run through; see Note [Running a cached convolution].
 enum class Backend { graph, legacy };
 
+// Note [Backward expected]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A forward convolution's caller may know that a backward pass will follow (torch: autograd records the call,
+// since grad mode is on and the input or weight requires grad); the core cannot. The caller says so with an
+// ExpectBackward guard around the call. When such a call's key misses under the tune policy on the graph
+// backend, the runtime queues builds of the other two directions' runtime-compiled candidates in builder
+// processes before it searches the key (GraphSearchOptions::prefetch_backward; Note [Prefetched builds] in
+// plan_prefetch.h), so that they compile while the forward search runs, and those keys' searches in the backward
+// pass restore them. "The other two" also covers a transposed convolution, whose forward is backward data. A
+// thread-local flag, so that a hit costs nothing more than setting it.
+class ExpectBackward {
+ public:
+  // With `expected` false the guard changes nothing (it keeps what an outer guard said).
+  explicit ExpectBackward(bool expected);
+  ~ExpectBackward();
+  ExpectBackward(const ExpectBackward&) = delete;
+  ExpectBackward& operator=(const ExpectBackward&) = delete;
+
+  // Whether a guard on this thread says a backward pass is expected.
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 // "graph" or "legacy".
 const char* to_string(Backend backend);
 // The backend of that name; throws Error naming the valid names otherwise.
@@ -144,6 +169,8 @@ struct Stats {
   std::uint64_t lent = 0;        // keys the nearest miss policy lent another key's choice (Note [Nearest key])
   std::uint64_t builder_plans = 0;  // plans that builder processes built for searches, and the searches timed
                                     // (Note [Builder processes]); the other candidates were built in-process
+  std::uint64_t prefetched_plans = 0;  // of those, plans built ahead of their key's search that the search
+                                       // restored and timed (Note [Prefetched builds])
   std::uint64_t plans = 0;       // entries in the plan cache now (plans and refusals; bounded by its limit; not
                                  // a counter, so reset_stats leaves it)
 };
@@ -241,6 +268,10 @@ struct GraphSearchOptions {
   // and one whose process cannot start, or fails, builds in-process. Needs the tool (Runtime::set_plan_builder).
   // 0: no builder processes.
   int build_processes = default_build_processes();
+  // When a forward key misses and a backward pass is expected (Note [Backward expected]), build the backward
+  // keys' runtime-compiled candidates in builder processes meanwhile, for their searches in the backward pass
+  // (Note [Prefetched builds] in plan_prefetch.h). Needs build_processes > 0.
+  bool prefetch_backward = true;
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
   // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
   // the bounds above on candidates are then ignored.
@@ -320,6 +351,9 @@ class Runtime {
   // Remembers a miss of the backend's cache for the key (the record miss policy) as a pending key of the
   // origin's caches (Note [Pending keys] in cache_store.h); a repeat is kept once.
   void record_miss(const Origin& origin, Backend backend, const ConvolutionKey& key);
+  // Queues prefetched builds for the key's other two directions, where a backward pass is expected and they are
+  // not cached (Note [Backward expected]).
+  void prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key);
   // The pending keys that are still not cached (recorded here, or loaded from a file), in order of origin,
   // backend and key.
   std::vector<RecordedMiss> recorded_misses() const;
@@ -400,6 +434,7 @@ class Runtime {
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
       tune_waits_{0}, lent_{0};
   std::atomic<std::uint64_t> builder_plans_at_reset_{0};  // PlanBuilders' count when reset_stats last ran
+  std::atomic<std::uint64_t> prefetched_plans_at_reset_{0};  // PlanPrefetcher's, likewise
   std::atomic<bool> warned_{false};
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;
