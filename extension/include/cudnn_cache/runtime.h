@@ -270,8 +270,8 @@ struct GraphSearchOptions {
   int build_processes = default_build_processes();
   // When a forward key misses and a backward pass is expected (Note [Backward expected]), build the backward
   // keys' runtime-compiled candidates in builder processes meanwhile, for their searches in the backward pass
-  // (Note [Prefetched builds] in plan_prefetch.h). Needs build_processes > 0.
-  bool prefetch_backward = true;
+  // (Note [Prefetched builds] in plan_prefetch.h). Needs build_processes > 0. Off until it has run on a GPU.
+  bool prefetch_backward = false;
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
   // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
   // the bounds above on candidates are then ignored.
