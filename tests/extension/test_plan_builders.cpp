@@ -430,7 +430,8 @@ bool eventually(const std::function<bool()>& done) {
 
 }  // namespace
 
-TEST_CASE("prefetched builds: a finished plan is taken once, and only by its own job", "[plan_builders][prefetch]") {
+TEST_CASE("prefetched builds: a finished plan is taken once, and only by its own job",
+          "[plan_builders][prefetch][concurrency]") {
   FakeBuilder fake("prefetch-once", 1);
   PlanBuilders builders(builder_settings(fake.command));
   PlanPrefetcher prefetcher({&builders, 512});
@@ -455,7 +456,7 @@ TEST_CASE("prefetched builds: a finished plan is taken once, and only by its own
 }
 
 TEST_CASE("prefetched builds: a job in flight is waited for, a queued one is cancelled by take",
-          "[plan_builders][prefetch]") {
+          "[plan_builders][prefetch][concurrency]") {
   FakeBuilder fake("prefetch-wait", 2, "1");  // the first answer takes a second
   PlanBuilders builders(builder_settings(fake.command));
   PlanPrefetcher prefetcher({&builders, 512});
@@ -479,7 +480,7 @@ TEST_CASE("prefetched builds: a job in flight is waited for, a queued one is can
 }
 
 TEST_CASE("prefetched builds: an in-flight job waited for past the timeout gives nothing",
-          "[plan_builders][prefetch]") {
+          "[plan_builders][prefetch][concurrency]") {
   FakeBuilder fake("prefetch-slow", 1, "2");
   PlanBuilders builders(builder_settings(fake.command));
   PlanPrefetcher prefetcher({&builders, 512});
@@ -490,7 +491,7 @@ TEST_CASE("prefetched builds: an in-flight job waited for past the timeout gives
   CHECK(prefetcher.take(prefetch_job(1), milliseconds(5000)));
 }
 
-TEST_CASE("prefetched builds: the bound drops the oldest finished jobs", "[plan_builders][prefetch]") {
+TEST_CASE("prefetched builds: the bound drops the oldest finished jobs", "[plan_builders][prefetch][concurrency]") {
   FakeBuilder fake("prefetch-bound", 8);
   PlanBuilders builders(builder_settings(fake.command));
   PlanPrefetcher prefetcher({&builders, 2});
@@ -515,7 +516,7 @@ TEST_CASE("prefetched builds: the bound drops the oldest finished jobs", "[plan_
 }
 
 TEST_CASE("prefetched builds: a failed build gives nothing, and a failed builder is counted",
-          "[plan_builders][prefetch]") {
+          "[plan_builders][prefetch][concurrency]") {
   SECTION("no builder can start: the job fails once the device's builders are off") {
     PlanBuilders builders(builder_settings({"/bin/false"}));
     PlanPrefetcher prefetcher({&builders, 512});
@@ -548,7 +549,7 @@ TEST_CASE("prefetched builds: a failed build gives nothing, and a failed builder
 }
 
 TEST_CASE("prefetched builds: nothing without builders, and a prefetcher destroyed mid-build ends cleanly",
-          "[plan_builders][prefetch]") {
+          "[plan_builders][prefetch][concurrency]") {
   SECTION("no tool") {
     PlanBuilders none(PlanBuilders::Settings{});
     PlanPrefetcher prefetcher({&none, 512});
