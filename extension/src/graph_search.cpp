@@ -116,6 +116,11 @@ struct HeuristicPlans {
   std::vector<std::int64_t> indices;
   std::vector<std::string> names;
   std::vector<bool> compiled;
+
+  // What a builder process, or a prefetched build, is asked for to build the plan at `position`.
+  PrefetchJob job(int device, const ConvolutionKey& key, bool deterministic, std::size_t position) const {
+    return {device, {key, deterministic, indices[position], names[position]}};
+  }
 };
 
 // The plans of step 1 in a heuristic_graph: what a search times first, and what prefetch_compiled_plans builds
@@ -215,10 +220,7 @@ class AheadBuilder {
     return claimed_[position].compare_exchange_strong(expected, true);
   }
 
-  // What a builder process is asked for to build the plan at `position`, and a prefetched build was.
-  PrefetchJob job(std::size_t position) const {
-    return {device_, {key_, deterministic_, plans_.indices[position], plans_.names[position]}};
-  }
+  PrefetchJob job(std::size_t position) const { return plans_.job(device_, key_, deterministic_, position); }
 
   // The plan at `position`, built by `builder` and restored on `handle`; no graph if that failed.
   BuiltPlan built_by(PlanBuilder& builder, cudnnHandle_t handle, std::size_t position) {
@@ -566,9 +568,7 @@ bool prefetch_compiled_plans(cudnnHandle_t handle, const ConvolutionKey& key, co
                                                       static_cast<std::size_t>(bounds_of(options).heuristic));
     std::vector<PrefetchJob> jobs;
     for (std::size_t position = 0; position < reached; ++position) {
-      if (plans.compiled[position]) {
-        jobs.push_back({device, {key, options.deterministic, plans.indices[position], plans.names[position]}});
-      }
+      if (plans.compiled[position]) jobs.push_back(plans.job(device, key, options.deterministic, position));
     }
     return PlanPrefetcher::instance().enqueue(jobs, options.build_processes);
   } catch (const std::exception&) {  // no list, no prefetch: the search makes it, or says why

@@ -455,7 +455,7 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
       idle.pop_back();
       return builder;
     }
-    if (settings_.command.empty() || failures_[device] >= kMaxFailures) return nullptr;
+    if (settings_.command.empty() || off(device)) return nullptr;
     command = settings_.command;
     generation = generation_;
   }
@@ -518,16 +518,19 @@ std::uint64_t PlanBuilders::plans_built() const {
   return plans_built_;
 }
 
-bool PlanBuilders::disabled(int device) const {
-  std::lock_guard lock(mutex_);
+bool PlanBuilders::off(int device) const {
   const auto found = failures_.find(device);
   return found != failures_.end() && found->second >= kMaxFailures;
 }
 
+bool PlanBuilders::disabled(int device) const {
+  std::lock_guard lock(mutex_);
+  return off(device);
+}
+
 bool PlanBuilders::available(int device) const {
   std::lock_guard lock(mutex_);
-  const auto found = failures_.find(device);
-  return !settings_.command.empty() && (found == failures_.end() || found->second < kMaxFailures);
+  return !settings_.command.empty() && !off(device);
 }
 
 void PlanBuilders::reap_idle() {

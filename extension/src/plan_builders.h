@@ -239,6 +239,7 @@ class PlanBuilders {
 
  private:
   void reap_idle();  // the reaper thread's loop
+  bool off(int device) const;  // disabled(device), under mutex_
 
   Settings settings_;  // command guarded by mutex_
   mutable std::mutex mutex_;
