@@ -322,26 +322,39 @@ void Runtime::reset_stats() {
 }
 
 namespace {
-thread_local bool backward_expected = false;  // Note [Backward expected]
+// Note [Backward expected]: the gradients the backward pass computes, a bit each.
+constexpr unsigned kInputGradient = 1;
+constexpr unsigned kWeightGradient = 2;
+thread_local unsigned expected_gradients = 0;
 }  // namespace
 
-ExpectBackward::ExpectBackward(bool expected) : previous_(backward_expected) {
-  if (expected) backward_expected = true;
+ExpectBackward::ExpectBackward(bool input_gradient, bool weight_gradient) : previous_(expected_gradients) {
+  if (input_gradient || weight_gradient)
+    expected_gradients = (input_gradient ? kInputGradient : 0) | (weight_gradient ? kWeightGradient : 0);
 }
 
-ExpectBackward::~ExpectBackward() { backward_expected = previous_; }
+ExpectBackward::~ExpectBackward() { expected_gradients = previous_; }
 
-bool ExpectBackward::active() { return backward_expected; }
+std::vector<Direction> ExpectBackward::directions(const ConvolutionKey& key) {
+  std::vector<Direction> result;
+  const auto own = static_cast<Direction>(key.direction);
+  if ((expected_gradients & kInputGradient) && own != Direction::backward_filter)
+    result.push_back(own == Direction::forward ? Direction::backward_data : Direction::forward);
+  if ((expected_gradients & kWeightGradient) && own != Direction::backward_filter)
+    result.push_back(Direction::backward_filter);
+  return result;
+}
 
 void Runtime::prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key) {
-  if (!ExpectBackward::active()) return;
+  const std::vector<Direction> directions = ExpectBackward::directions(key);
+  if (directions.empty()) return;
   GraphSearchOptions options = search_options();
   if (!options.prefetch_backward || options.build_processes <= 0) return;
   const DirectionCaches& caches = caches_for_device(device);
-  for (const Direction direction : {Direction::forward, Direction::backward_data, Direction::backward_filter}) {
+  for (const Direction direction : directions) {
     ConvolutionKey other = key;
     other.direction = static_cast<std::int32_t>(direction);
-    if (other.direction == key.direction || caches.holds(true, other)) continue;
+    if (caches.holds(true, other)) continue;
     const bool queued = prefetch_compiled_plans(handle, other, options);
     if (queued && logs(LogLevel::debug)) log(LogLevel::debug, detail::concat("prefetching plans of ", other));
   }

@@ -644,13 +644,13 @@ def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
                                             "give_up_ratio": 1.5, "build_threads": 0, "exhaustive": False,
                                             "rank_deterministic": False,
                                             "build_processes": min(len(os.sched_getaffinity(0)) - 1, 8),
-                                            "prefetch_backward": False}
+                                            "prefetch_backward": True}
     cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False, build_threads=4, exhaustive=True,
-                                   rank_deterministic=True, build_processes=0, prefetch_backward=True)
+                                   rank_deterministic=True, build_processes=0, prefetch_backward=False)
     options = cudnn_cache.tuning_options()
     assert options["repetitions"] == 11 and options["flush_l2"] is False and options["warmup"] == 3
     assert options["build_threads"] == 4 and options["exhaustive"] is True and options["rank_deterministic"] is True
-    assert options["build_processes"] == 0 and options["prefetch_backward"] is True
+    assert options["build_processes"] == 0 and options["prefetch_backward"] is False
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['repeats'\]"):
         cudnn_cache.set_tuning_options(repeats=5)
     with pytest.raises(RuntimeError, match="tuning option repetitions must be >= 1, got 0"):

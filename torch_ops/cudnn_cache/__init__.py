@@ -280,8 +280,8 @@ def set_tuning_options(**options) -> None:
       candidates instead, one per worker thread: cuDNN's compilations overlap across processes but not threads.
       They start when a search has two or more such candidates, hold a CUDA context each (about 0.5 GB) and end
       after 5 s unused; 0: build in-process on build_threads. Any failure of theirs falls back to in-process;
-    - prefetch_backward (False until its GPU tests have run): when a forward convolution that autograd records (grad mode on, input or weight
-      requiring grad) misses, builder processes build its backward keys' runtime-compiled candidates while
+    - prefetch_backward (True): when a forward convolution that autograd records (grad mode on, input or weight requiring
+      grad) misses, builder processes build its backward keys' runtime-compiled candidates while
       the forward search runs, and the backward pass's searches restore them instead of compiling; needs
       build_processes > 0;
     - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's

@@ -101,27 +101,31 @@ enum class Backend { graph, legacy };
 
 // Note [Backward expected]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// A forward convolution's caller may know that a backward pass will follow (torch: autograd records the call,
-// since grad mode is on and the input or weight requires grad); the core cannot. The caller says so with an
-// ExpectBackward guard around the call. When such a call's key misses under the tune policy on the graph
-// backend, the runtime queues builds of the other two directions' runtime-compiled candidates in builder
-// processes before it searches the key (GraphSearchOptions::prefetch_backward; Note [Prefetched builds] in
-// plan_prefetch.h), so that they compile while the forward search runs, and those keys' searches in the backward
-// pass restore them. "The other two" also covers a transposed convolution, whose forward is backward data. A
-// thread-local flag, so that a hit costs nothing more than setting it.
+// A forward convolution's caller may know that a backward pass will follow, and which gradients it computes
+// (torch: autograd records the call, since grad mode is on, and computes the gradient of the input and of the
+// weight each where it requires grad); the core cannot. The caller says so with an ExpectBackward guard around
+// the call. When such a call's key misses under the tune policy on the graph backend, the runtime queues builds
+// of the runtime-compiled candidates of the keys those gradients run, in builder processes, before it searches
+// the key (GraphSearchOptions::prefetch_backward; Note [Prefetched builds] in plan_prefetch.h), so that they
+// compile while the forward search runs, and those keys' searches in the backward pass restore them. The keys
+// are the same key in another direction: the weight's gradient is backward filter; the input's is the direction
+// that is neither the key's nor backward filter, which covers a transposed convolution too (its forward runs
+// backward data, its input's gradient runs forward). A thread-local mask, so that a hit costs nothing more than
+// setting it.
 class ExpectBackward {
  public:
-  // With `expected` false the guard changes nothing (it keeps what an outer guard said).
-  explicit ExpectBackward(bool expected);
+  // With both false the guard changes nothing (it keeps what an outer guard said).
+  ExpectBackward(bool input_gradient, bool weight_gradient);
   ~ExpectBackward();
   ExpectBackward(const ExpectBackward&) = delete;
   ExpectBackward& operator=(const ExpectBackward&) = delete;
 
-  // Whether a guard on this thread says a backward pass is expected.
-  static bool active();
+  // The directions whose keys a guard on this thread says the backward pass of a call of `key` will run: none,
+  // one or two of the two directions other than the key's.
+  static std::vector<Direction> directions(const ConvolutionKey& key);
 
  private:
-  bool previous_;
+  unsigned previous_;
 };
 
 // "graph" or "legacy".
@@ -270,8 +274,8 @@ struct GraphSearchOptions {
   int build_processes = default_build_processes();
   // When a forward key misses and a backward pass is expected (Note [Backward expected]), build the backward
   // keys' runtime-compiled candidates in builder processes meanwhile, for their searches in the backward pass
-  // (Note [Prefetched builds] in plan_prefetch.h). Needs build_processes > 0. Off until it has run on a GPU.
-  bool prefetch_backward = false;
+  // (Note [Prefetched builds] in plan_prefetch.h). Needs build_processes > 0.
+  bool prefetch_backward = true;
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
   // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
   // the bounds above on candidates are then ignored.
