@@ -412,6 +412,21 @@ std::optional<std::string> pci_bus_id(int device) {
   return std::string(bus_id);
 }
 
+std::optional<DeviceMemory> device_memory(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) return std::nullopt;
+  if (current != device && cudaSetDevice(device) != cudaSuccess) return std::nullopt;
+  DeviceMemory memory;
+  const bool known = cudaMemGetInfo(&memory.free, &memory.total) == cudaSuccess;
+  if (current != device) cudaSetDevice(current);
+  if (!known) return std::nullopt;
+  return memory;
+}
+
+std::size_t PlanBuilders::memory_floor(std::size_t total) {
+  return std::max(total / 10, std::size_t{2} << 30);
+}
+
 PlanBuilders& PlanBuilders::instance() {
   static PlanBuilders* builders = [] {
     Settings settings;
@@ -440,6 +455,7 @@ void PlanBuilders::set_executable(const std::string& path) {
   settings_.command = path.empty() ? std::vector<std::string>{} : std::vector<std::string>{path, "build-plans"};
   ++generation_;
   failures_.clear();
+  yielded_.clear();
   for (const auto& [device, builders] : idle_) running_ -= builders.size();
   idle.swap(idle_);  // children of another tool, or none wanted
 }
@@ -453,6 +469,7 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
     if (!idle.empty()) {
       std::unique_ptr<PlanBuilder> builder = std::move(idle.back());
       idle.pop_back();
+      taken_[device].push_back(builder->pid());
       return builder;
     }
     if (settings_.command.empty() || off(device)) return nullptr;
@@ -464,6 +481,12 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
     debug("no PCI bus id for CUDA device ", device, ": building in-process");
     return nullptr;
   }
+  if (const std::optional<DeviceMemory> memory = settings_.memory(device);
+      memory && memory->free < memory_floor(memory->total) + kChildMemory) {
+    debug("CUDA device ", device, " has ", memory->free >> 20, " MiB free: no builder started (Note [Builders yield "
+          "GPU memory])");
+    return nullptr;
+  }
   command.insert(command.end(), {"--device-pci-bus-id", *bus_id});
   try {
     auto builder = std::make_unique<PlanBuilder>(command, static_cast<std::uint32_t>(cudnnGetVersion()),
@@ -471,6 +494,7 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
     builder->generation = generation;
     std::lock_guard lock(mutex_);
     ++running_;
+    taken_[device].push_back(builder->pid());
     if (!reaper_.joinable()) reaper_ = std::thread([this] { reap_idle(); });
     return builder;
   } catch (const std::exception& e) {  // Error, or no thread for the reaper
@@ -487,10 +511,12 @@ std::unique_ptr<PlanBuilder> PlanBuilders::take(int device) {
 void PlanBuilders::give_back(int device, std::unique_ptr<PlanBuilder> builder) {
   if (!builder) return;
   std::unique_lock lock(mutex_);
+  std::vector<pid_t>& taken = taken_[device];
+  taken.erase(std::remove(taken.begin(), taken.end(), builder->pid()), taken.end());
   const int built = builder->plans_built();
   builder->clear_plans_built();
   plans_built_ += static_cast<std::uint64_t>(built);
-  const bool current = builder->generation == generation_;
+  const bool current = builder->generation == generation_ && !yielded_[device];  // else closed, no failure
   if (!builder->failed() && current) {
     if (built > 0) failures_[device] = 0;
     builder->touch();
@@ -519,8 +545,48 @@ std::uint64_t PlanBuilders::plans_built() const {
 }
 
 bool PlanBuilders::off(int device) const {
+  if (const auto yielded = yielded_.find(device); yielded != yielded_.end() && yielded->second) return true;
   const auto found = failures_.find(device);
   return found != failures_.end() && found->second >= kMaxFailures;
+}
+
+bool PlanBuilders::yield_memory(int device) {
+  {
+    std::lock_guard lock(mutex_);
+    const auto idle = idle_.find(device);
+    const auto taken = taken_.find(device);
+    if ((idle == idle_.end() || idle->second.empty()) && (taken == taken_.end() || taken->second.empty())) {
+      return false;
+    }
+  }
+  const std::optional<DeviceMemory> memory = settings_.memory(device);  // outside the lock: it calls into CUDA
+  if (!memory || memory->free >= memory_floor(memory->total)) return false;
+  std::vector<std::unique_ptr<PlanBuilder>> idle;
+  std::vector<pid_t> taken;
+  {
+    std::lock_guard lock(mutex_);
+    yielded_[device] = true;
+    idle.swap(idle_[device]);
+    running_ -= idle.size();
+    taken = taken_[device];  // their holders give them back, and give_back closes them
+  }
+  debug("CUDA device ", device, " has ", memory->free >> 20, " MiB free of ", memory->total >> 20,
+        ": closing its ", idle.size() + taken.size(), " builders, off from now on (Note [Builders yield GPU memory])");
+  for (const pid_t pid : taken) kill(pid, SIGKILL);
+  idle.clear();  // kills and reaps
+  // A taken child is its holder's to reap; waiting for its exit without reaping it (WNOWAIT) is enough, since
+  // an exited process's GPU memory is the driver's again. A holder that reaped it first ends the wait (ECHILD).
+  constexpr auto kExitTimeout = std::chrono::seconds(2);
+  const Clock::time_point deadline = Clock::now() + kExitTimeout;
+  for (const pid_t pid : taken) {
+    for (;;) {
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == pid) break;
+      if (Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return true;
 }
 
 bool PlanBuilders::disabled(int device) const {

@@ -51,10 +51,26 @@ namespace cudnn_cache {
 // per worker of the search (GraphSearchOptions::build_processes), and are kept between searches (a network's keys are
 // searched one after another; one still starting when its search ends is kept too). Their memory is the search's less:
 // on a GPU nearly full, a candidate whose workspace no longer fits is not timed, which is the one way builders can
-// change what a search times (build_processes 0 avoids it). The pool's reaper thread closes a child unused for `idle`
+// change what a search times (build_processes 0 avoids it). Nor may their memory be the training's: see Note
+// [Builders yield GPU memory]. The pool's reaper thread closes a child unused for `idle`
 // (5 s), which frees its memory; a child also exits by itself on EOF (its parent closed the socket, or died) or after
 // its own, longer, idle timeout, a safety net for a parent that stopped. The child finds its GPU by PCI bus id, which
 // does not depend on the order CUDA_VISIBLE_DEVICES gives the devices.
+
+// Note [Builders yield GPU memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A job sized to fit its GPU natively must not run out of memory because builders hold contexts on it (up to 8 x
+// 0.5 GB), and they live through the first step's backward pass, its peak. So the device's free memory is kept
+// above a floor, memory_floor(total): 10% of the device, at least 2 GiB. A child is not started when starting it
+// would take free memory below the floor (no failure is counted). And when the process itself takes free memory
+// below it, yield_memory closes every builder of the device, idle or building (SIGKILL; a worker whose builder is
+// killed builds its candidate in-process, as after any failure) and waits until each has exited, so that its
+// memory is the driver's again; the device's builders are then off until set_executable. The torch ops call
+// yield_memory from PyTorch's caching allocator (a FreeCudaMemoryCallback, which runs where the allocator has no
+// cached block for a request, before it asks CUDA for more), so it takes effect before the allocation that needs
+// the memory. The allocator does not say how much it will ask for: an allocation larger than the floor, made while
+// free memory is above the floor but below that size plus the builders' memory, still fails where it would not
+// without builders. The floor is above any one activation of common networks at common batch sizes.
 
 // Note [Builder protocol]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -191,6 +207,14 @@ class PlanBuilder {
 // nullopt if CUDA cannot tell.
 std::optional<std::string> pci_bus_id(int device);
 
+// A CUDA device's memory, in bytes.
+struct DeviceMemory {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+// Device `device`'s memory (cudaMemGetInfo), or nullopt where CUDA cannot say.
+std::optional<DeviceMemory> device_memory(int device);
+
 // Builder processes, per CUDA device, started on demand (Note [Builder processes]).
 class PlanBuilders {
  public:
@@ -202,8 +226,14 @@ class PlanBuilders {
     std::chrono::milliseconds idle{5'000};            // a child unused this long is closed
     // The PCI bus id of a CUDA device (cudaDeviceGetPCIBusId), or nullopt: no builders for it.
     std::function<std::optional<std::string>(int device)> bus_id = pci_bus_id;
+    // A device's memory, or nullopt: not known, builders start regardless (Note [Builders yield GPU memory]).
+    std::function<std::optional<DeviceMemory>(int device)> memory = device_memory;
   };
   static constexpr int kMaxFailures = 3;
+  static constexpr std::size_t kChildMemory = std::size_t{512} << 20;  // a child's CUDA context, about
+
+  // The free memory builders leave a device of `total` bytes (Note [Builders yield GPU memory]).
+  static std::size_t memory_floor(std::size_t total);
 
   // The process's builders: `cudnn_cache_tool build-plans`, where set_executable (the Python package does) or
   // the CUDNN_CACHE_TOOL environment variable names the tool; without either, none. Never destroyed: at exit
@@ -236,10 +266,14 @@ class PlanBuilders {
   bool available(int device) const;
   // Plans builders have built and sent, counted as they are given back; for tests.
   std::uint64_t plans_built() const;
+  // Note [Builders yield GPU memory]: where the device runs builders and its free memory is below the floor,
+  // closes them all, waits until they have exited, turns the device's builders off until set_executable, and
+  // returns true. A device without builders costs a lock and no CUDA call.
+  bool yield_memory(int device);
 
  private:
   void reap_idle();  // the reaper thread's loop
-  bool off(int device) const;  // disabled(device), under mutex_
+  bool off(int device) const;  // disabled(device), under mutex_, or after yield_memory
 
   Settings settings_;  // command guarded by mutex_
   mutable std::mutex mutex_;
@@ -247,6 +281,8 @@ class PlanBuilders {
   bool stopping_ = false;
   std::map<int, std::vector<std::unique_ptr<PlanBuilder>>> idle_;  // by device
   std::map<int, int> failures_;                                    // in a row, by device
+  std::map<int, std::vector<pid_t>> taken_;  // children taken from the pool (idle or starting), by device
+  std::map<int, bool> yielded_;              // devices whose builders yield_memory closed
   std::size_t running_ = 0;
   std::uint64_t plans_built_ = 0;
   std::uint64_t generation_ = 0;  // of settings_.command

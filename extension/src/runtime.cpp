@@ -288,6 +288,8 @@ void Runtime::set_plan_builder(const std::string& path) {
   PlanBuilders::instance().set_executable(path);
 }
 
+bool Runtime::yield_builder_memory(int device) { return PlanBuilders::instance().yield_memory(device); }
+
 void Runtime::set_plan_cache_limit(std::size_t limit) { plans_->set_limit(limit); }
 
 std::size_t Runtime::plan_cache_limit() const { return plans_->limit(); }

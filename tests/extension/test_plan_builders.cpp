@@ -373,6 +373,70 @@ TEST_CASE("plan builders: an idle child is closed and reaped", "[plan_builders]"
   std::filesystem::remove(ready);
 }
 
+TEST_CASE("plan builders: below the memory floor no child starts, and running ones are closed, idle or taken, "
+          "and stay off until the tool is set again", "[plan_builders][concurrency]") {
+  constexpr std::size_t kGiB = std::size_t{1} << 30;
+  CHECK(PlanBuilders::memory_floor(8 * kGiB) == 2 * kGiB);  // at least 2 GiB
+  CHECK(PlanBuilders::memory_floor(140 * kGiB) == 14 * kGiB);  // 10% of the device
+  const std::string ready =
+      frame_file("yield-ready", encode_frame(FrameKind::ready, encode_version(cudnnGetVersion())));
+  std::atomic<std::size_t> free_bytes{40 * kGiB};  // of 80 GiB: the floor is 8 GiB
+  PlanBuilders::Settings settings;
+  settings.command = shell("cat '" + ready + "' >&3; exec sleep 60");
+  settings.bus_id = [](int) { return std::optional<std::string>("0000:00:00.0"); };
+  settings.memory = [&](int) { return std::optional<DeviceMemory>(DeviceMemory{free_bytes.load(), 80 * kGiB}); };
+  PlanBuilders builders(settings);
+  std::atomic<bool> running{false};
+
+  SECTION("no child starts where it would take free memory below the floor, and that is no failure") {
+    free_bytes = 8 * kGiB + PlanBuilders::kChildMemory - 1;
+    CHECK_FALSE(builders.take(0));
+    CHECK_FALSE(builders.disabled(0));
+    CHECK(builders.running() == 0);
+    free_bytes = 8 * kGiB + PlanBuilders::kChildMemory;
+    std::unique_ptr<PlanBuilder> builder = builders.take(0);
+    REQUIRE(builder);
+    builders.give_back(0, std::move(builder));
+    CHECK(builders.running() == 1);
+  }
+  SECTION("below the floor, idle and taken children are closed, and have exited when yield_memory returns") {
+    std::unique_ptr<PlanBuilder> idle = builders.take(0);
+    std::unique_ptr<PlanBuilder> busy = builders.take(0);
+    REQUIRE(idle);
+    REQUIRE(busy);
+    REQUIRE(idle->ready(running));
+    REQUIRE(busy->ready(running));
+    const pid_t idle_pid = idle->pid();
+    const pid_t busy_pid = busy->pid();
+    builders.give_back(0, std::move(idle));
+    CHECK_FALSE(builders.yield_memory(0));  // above the floor
+    free_bytes = 8 * kGiB - 1;
+    CHECK_FALSE(builders.yield_memory(1));  // no builders on device 1
+    CHECK_FALSE(builders.disabled(1));
+    CHECK(builders.yield_memory(0));
+    CHECK_FALSE(exists(idle_pid));  // killed and reaped
+    siginfo_t info{};  // the taken one has exited, and is left for its holder to reap
+    REQUIRE(waitid(P_PID, static_cast<id_t>(busy_pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0);
+    CHECK(info.si_pid == busy_pid);
+    CHECK_THROWS_AS(busy->build(request(), milliseconds(2000)), Error);  // its holder builds in-process
+    CHECK(busy->failed());
+    builders.give_back(0, std::move(busy));
+    CHECK_FALSE(exists(busy_pid));
+    CHECK(builders.running() == 0);
+    CHECK(builders.disabled(0));
+    CHECK_FALSE(builders.available(0));
+    free_bytes = 40 * kGiB;
+    CHECK_FALSE(builders.take(0));  // off, however much memory is free now
+    CHECK_FALSE(builders.yield_memory(0));  // nothing left to close
+    builders.set_executable("/bin/true");  // another tool: on again
+    CHECK(builders.available(0));
+    std::unique_ptr<PlanBuilder> again = builders.take(0);
+    CHECK(again);
+    builders.give_back(0, std::move(again));
+  }
+  std::filesystem::remove(ready);
+}
+
 namespace {
 
 // A prefetch job for `request()` at heuristics' position `index`, on device 0.

@@ -525,6 +525,58 @@ def test_prefetched_backward_builds_tune_what_searches_without_them_tune():
     assert tuned(True) == without
 
 
+def test_builders_yield_gpu_memory_when_the_process_runs_short():
+    """Note [Builders yield GPU memory]: once this process's own allocations take the device's free memory below
+    the builders' floor (10% of the device, at least 2 GiB), the caching allocator's next request has
+    cudnn_cache close the builder processes before it asks CUDA for memory; they stay off until the tool is set
+    again, and searches then build in-process and store what they stored with builders."""
+    x = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last)
+    w = randn(64, 1, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=1)
+    grad = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=2)
+    args = ([1, 1], [1, 1], [1, 1], 64)
+    key = cudnn_cache.conv_key("backward_filter", x, w, *args)
+
+    def tuned() -> set:
+        cudnn_cache.clear()
+        weight = w.detach().requires_grad_()
+        cudnn_cache.functional.conv2d(x, weight, None, *args).backward(grad)
+        return {(entry["engine"], tuple(entry["knobs"])) for entry in cudnn_cache.query("backward_filter", key)}
+
+    cudnn_cache.set_tuning_options(build_processes=4, mode_b_candidates=0, knob_variants=0)
+    ballast = None
+    try:
+        deadline = time.monotonic() + 60
+        with_builders = tuned()
+        while not builder_processes() and time.monotonic() < deadline:
+            with_builders = tuned()
+        children = builder_processes()
+        assert children, "no builder process started (is cudnn_cache_tool next to the library?)"
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # so that the next request is one the pool cannot serve
+        for _ in range(3):  # other tests' processes may share the GPU: their allocations can race this one
+            free, total = torch.cuda.mem_get_info()
+            floor = max(total // 10, 2 << 30)
+            try:
+                ballast = torch.empty(free - floor + (512 << 20), dtype=torch.uint8, device="cuda")
+                break
+            except torch.OutOfMemoryError:
+                continue
+        assert ballast is not None, "could not fill the GPU to below the builders' floor"
+        assert builder_processes() == children, "builders closed before free memory was below their floor"
+        more = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # the pool has no block for it
+        assert builder_processes() == [], "builders still run with free memory below their floor"
+        del more, ballast
+        ballast = None
+        torch.cuda.empty_cache()
+        cudnn_cache.reset_stats()
+        assert tuned() == with_builders
+        assert cudnn_cache.stats()["builder_plans"] == 0 and builder_processes() == []  # off until set again
+    finally:
+        ballast = None
+        torch.cuda.empty_cache()
+        torch.ops.cudnn_cache.set_plan_builder(cudnn_cache._tool or "")  # on again for the tests after this one
+
+
 def test_tuning_options_bound_what_a_search_stores():
     x, w = randn(4, 16, 16, 16, dtype=torch.float16), randn(32, 16, 3, 3, dtype=torch.float16)
     args = ([1, 1], [1, 1], [1, 1], 1)

@@ -279,7 +279,8 @@ def set_tuning_options(**options) -> None:
     - build_processes (the usable cores - 1, at most 8): builder processes that build the runtime-compiled
       candidates instead, one per worker thread: cuDNN's compilations overlap across processes but not threads.
       They start when a search has two or more such candidates, hold a CUDA context each (about 0.5 GB) and end
-      after 5 s unused; 0: build in-process on build_threads. Any failure of theirs falls back to in-process;
+      after 5 s unused, or for good once this process's allocations leave less than 10% of the GPU's memory
+      (at least 2 GiB) free; 0: build in-process on build_threads. Any failure of theirs falls back to in-process;
     - prefetch_backward (True): when a forward convolution that autograd records (grad mode on, input or weight requiring
       grad) misses, builder processes build its backward keys' runtime-compiled candidates while
       the forward search runs, and the backward pass's searches restore them instead of compiling; needs
