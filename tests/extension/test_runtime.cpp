@@ -16,6 +16,20 @@
 using namespace cudnn_cache;
 using Catch::Matchers::Contains;
 
+namespace {
+
+// A forward key of a small fp32 3x3 convolution, 8 channels in and out.
+ConvolutionKey small_forward_key() {
+  return make_convolution_key(
+      Direction::forward, make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
+      make_filter_key(CUDNN_DATA_FLOAT, {8, 8, 3, 3}, Layout::nchw),
+      make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
+      make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT,
+                                      CUDNN_DEFAULT_MATH));
+}
+
+}  // namespace
+
 TEST_CASE("miss policies and backends round-trip through their names, and others are refused", "[runtime]") {
   for (MissPolicy policy :
        {MissPolicy::tune, MissPolicy::heuristic, MissPolicy::error, MissPolicy::record, MissPolicy::nearest}) {
@@ -115,12 +129,7 @@ TEST_CASE("the record policy's misses are kept once each, and drop out once thei
   CHECK(miss_policy_from_string("record") == MissPolicy::record);
   Runtime runtime;
   const Origin origin = Origin::of(DeviceIdentity{"Test GPU", 9, 0, 132}, CudnnVersion{9, 19, 0});
-  const ConvolutionKey forward =
-      make_convolution_key(Direction::forward, make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
-                           make_filter_key(CUDNN_DATA_FLOAT, {8, 8, 3, 3}, Layout::nchw),
-                           make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
-                           make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION,
-                                                           CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH));
+  const ConvolutionKey forward = small_forward_key();
   ConvolutionKey backward = forward;
   backward.direction = static_cast<std::int32_t>(Direction::backward_data);
   runtime.record_miss(origin, Backend::graph, forward);
@@ -155,12 +164,7 @@ TEST_CASE("the record policy's misses are kept once each, and drop out once thei
 
 TEST_CASE("a backward pass is expected for the gradients the caller names, in the keys' other directions, and a "
           "guard restores what the outer one said", "[runtime][prefetch]") {
-  const ConvolutionKey forward =
-      make_convolution_key(Direction::forward, make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
-                           make_filter_key(CUDNN_DATA_FLOAT, {8, 8, 3, 3}, Layout::nchw),
-                           make_tensor_key(CUDNN_DATA_FLOAT, {2, 8, 16, 16}, Layout::nchw),
-                           make_convolution_descriptor_key({1, 1}, {1, 1}, {1, 1}, 1, CUDNN_CROSS_CORRELATION,
-                                                           CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH));
+  const ConvolutionKey forward = small_forward_key();
   ConvolutionKey transposed = forward;  // a transposed convolution's forward runs backward data
   transposed.direction = static_cast<std::int32_t>(Direction::backward_data);
   using Directions = std::vector<Direction>;
