@@ -70,7 +70,9 @@ namespace cudnn_cache {
 // cached block for a request, before it asks CUDA for more), so it takes effect before the allocation that needs
 // the memory. The allocator does not say how much it will ask for: an allocation larger than the floor, made while
 // free memory is above the floor but below that size plus the builders' memory, still fails where it would not
-// without builders. The floor is above any one activation of common networks at common batch sizes.
+// without builders. The floor is above any one activation of common networks at common batch sizes. PyTorch's
+// other allocator backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) runs no such callbacks: there only the
+// rule for starting a child holds.
 
 // Note [Builder protocol]
 // ~~~~~~~~~~~~~~~~~~~~~~~
