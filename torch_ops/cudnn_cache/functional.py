@@ -9,11 +9,19 @@ from torch import Tensor
 
 IntOrSequence = Union[int, Sequence[int]]
 
+# The ops' one overload each. Called directly, an overload skips the overload packet's resolution of which one
+# the arguments match, about 1 us of host time per call (`torch.ops.cudnn_cache.convolution(...)` resolves it on
+# every call). TorchScript cannot name an overload: scripted code calls the packet (modules.py).
+convolution_op = torch.ops.cudnn_cache.convolution.default
+convolution_transpose_op = torch.ops.cudnn_cache.convolution_transpose.default
+
 
 def _expand(value: IntOrSequence, spatial_dims: int) -> List[int]:
     """`value` as a list of ints; a single value (an int, or a sequence of one) is repeated for every spatial
     dimension, as PyTorch does. Any other length is passed on, for the op to reject, naming the argument."""
-    values = [int(value)] if isinstance(value, int) else [int(v) for v in value]
+    if isinstance(value, int):
+        return [int(value)] * spatial_dims
+    values = [int(v) for v in value]
     return values * spatial_dims if len(values) == 1 else values
 
 
@@ -47,8 +55,7 @@ def _convolution(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: 
                 input = F.pad(input, extra)
         else:
             raise RuntimeError(f"padding must be 'valid', 'same' or ints, got {padding!r}")
-    return torch.ops.cudnn_cache.convolution(input, weight, bias, stride, _expand(padding, spatial_dims), dilation,
-                                             groups)
+    return convolution_op(input, weight, bias, stride, _expand(padding, spatial_dims), dilation, groups)
 
 
 def conv1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
@@ -73,7 +80,7 @@ def _convolution_transpose(input: Tensor, weight: Tensor, bias: Optional[Tensor]
                            padding: IntOrSequence, output_padding: IntOrSequence, groups: int,
                            dilation: IntOrSequence) -> Tensor:
     spatial_dims = weight.dim() - 2
-    return torch.ops.cudnn_cache.convolution_transpose(
+    return convolution_transpose_op(
         input, weight, bias, _expand(stride, spatial_dims), _expand(padding, spatial_dims),
         _expand(output_padding, spatial_dims), _expand(dilation, spatial_dims), groups)
 

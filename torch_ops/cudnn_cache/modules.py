@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .functional import same_padding
+from .functional import convolution_op, convolution_transpose_op, same_padding
 
 
 class _CachedConvolution:
@@ -43,8 +43,10 @@ class _CachedConvolution:
             padding = self._cudnn_padding
             if len(self._cudnn_extra_padding) > 0:
                 input = F.pad(input, self._cudnn_extra_padding)
-        return torch.ops.cudnn_cache.convolution(input, weight, bias, self._cudnn_stride, padding,
-                                                 self._cudnn_dilation, self.groups)
+        if torch.jit.is_scripting():  # TorchScript cannot name an overload (functional.py); eager skips resolving one
+            return torch.ops.cudnn_cache.convolution(input, weight, bias, self._cudnn_stride, padding,
+                                                     self._cudnn_dilation, self.groups)
+        return convolution_op(input, weight, bias, self._cudnn_stride, padding, self._cudnn_dilation, self.groups)
 
 
 class Conv1d(_CachedConvolution, nn.Conv1d):
@@ -91,9 +93,12 @@ class _CachedConvolutionTranspose:
         output_padding = self._output_padding(input, output_size, self._cudnn_stride, self._cudnn_padding,
                                               self._cudnn_kernel_size, len(self._cudnn_kernel_size),
                                               self._cudnn_dilation)
-        return torch.ops.cudnn_cache.convolution_transpose(input, self.weight, self.bias, self._cudnn_stride,
-                                                           self._cudnn_padding, output_padding, self._cudnn_dilation,
-                                                           self.groups)
+        if torch.jit.is_scripting():  # as in _CachedConvolution._conv_forward
+            return torch.ops.cudnn_cache.convolution_transpose(input, self.weight, self.bias, self._cudnn_stride,
+                                                               self._cudnn_padding, output_padding,
+                                                               self._cudnn_dilation, self.groups)
+        return convolution_transpose_op(input, self.weight, self.bias, self._cudnn_stride, self._cudnn_padding,
+                                        output_padding, self._cudnn_dilation, self.groups)
 
 
 class ConvTranspose1d(_CachedConvolutionTranspose, nn.ConvTranspose1d):
