@@ -770,7 +770,8 @@ def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("cudnn_cache [debug] ")]
     assert any("miss (policy 'tune'): no engine config for forward" in line for line in lines), lines
-    assert any(line.startswith("cudnn_cache [debug] tuned: ") and "best engine" in line for line in lines), lines
+    assert any(line.startswith("cudnn_cache [debug] tuned: ") and "best engine" in line and "; the search took " in line
+               for line in lines), lines
     assert sum(line.startswith("cudnn_cache [debug] hit: engine config") for line in lines) == 1, lines
 
 
