@@ -319,8 +319,9 @@ class Runtime {
   // Where device `device` runs builder processes and its free memory is below the builders' floor (10% of the
   // device, at least 2 GiB), closes them and turns them off until set_plan_builder; returns whether it did. For a
   // caller about to allocate GPU memory: the torch ops call it from PyTorch's caching allocator (Note [Builders
-  // yield GPU memory] in plan_builders.h). Without builders it costs a lock.
-  bool yield_builder_memory(int device);
+  // yield GPU memory] in plan_builders.h). Without builders it costs a lock. Static: the builders outlive the
+  // runtime, and an allocation may come at exit.
+  static bool yield_builder_memory(int device);
 
   // At most how many execution plans the plan cache keeps (0: no bound), evicting the least recently used
   // (Note [Plan cache]); 10000 by default, or the CUDNN_CACHE_PLAN_CACHE_LIMIT environment variable's value

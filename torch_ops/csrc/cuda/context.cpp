@@ -40,7 +40,7 @@ class YieldBuilderMemory final : public c10::FreeMemoryCallback {
  public:
   bool Execute() override {
     if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return false;
-    return Runtime::instance().yield_builder_memory(c10::cuda::current_device());
+    return Runtime::yield_builder_memory(c10::cuda::current_device());
   }
 };
 
