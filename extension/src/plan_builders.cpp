@@ -568,11 +568,19 @@ bool PlanBuilders::yield_memory(int device) {
     yielded_[device] = true;
     idle.swap(idle_[device]);
     running_ -= idle.size();
-    taken = taken_[device];  // their holders give them back, and give_back closes them
+    // Their holders give them back, and give_back closes them. Killed under the lock, which give_back takes
+    // before its holder reaps a child, and only if still a running child of this process: so never a pid that
+    // was reaped (and may name another process now), even from a holder that dropped its builder unreturned.
+    for (const pid_t pid : taken_[device]) {
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0) {
+        kill(pid, SIGKILL);
+        taken.push_back(pid);
+      }
+    }
   }
   debug("CUDA device ", device, " has ", memory->free >> 20, " MiB free of ", memory->total >> 20,
         ": closing its ", idle.size() + taken.size(), " builders, off from now on (Note [Builders yield GPU memory])");
-  for (const pid_t pid : taken) kill(pid, SIGKILL);
   idle.clear();  // kills and reaps
   // A taken child is its holder's to reap; waiting for its exit without reaping it (WNOWAIT) is enough, since
   // an exited process's GPU memory is the driver's again. A holder that reaped it first ends the wait (ECHILD).

@@ -340,10 +340,10 @@ ExpectBackward::~ExpectBackward() { expected_gradients = previous_; }
 std::vector<Direction> ExpectBackward::directions(const ConvolutionKey& key) {
   std::vector<Direction> result;
   const auto own = static_cast<Direction>(key.direction);
-  if ((expected_gradients & kInputGradient) && own != Direction::backward_filter)
+  if (own == Direction::backward_filter) return result;  // a gradient's own key, never a recorded call's
+  if (expected_gradients & kInputGradient)
     result.push_back(own == Direction::forward ? Direction::backward_data : Direction::forward);
-  if ((expected_gradients & kWeightGradient) && own != Direction::backward_filter)
-    result.push_back(Direction::backward_filter);
+  if (expected_gradients & kWeightGradient) result.push_back(Direction::backward_filter);
   return result;
 }
 
