@@ -516,7 +516,7 @@ void PlanBuilders::give_back(int device, std::unique_ptr<PlanBuilder> builder) {
   const int built = builder->plans_built();
   builder->clear_plans_built();
   plans_built_ += static_cast<std::uint64_t>(built);
-  const bool current = builder->generation == generation_ && !yielded_[device];  // else closed, no failure
+  const bool current = builder->generation == generation_ && yielded_.count(device) == 0;  // else closed, no failure
   if (!builder->failed() && current) {
     if (built > 0) failures_[device] = 0;
     builder->touch();
@@ -545,7 +545,7 @@ std::uint64_t PlanBuilders::plans_built() const {
 }
 
 bool PlanBuilders::off(int device) const {
-  if (const auto yielded = yielded_.find(device); yielded != yielded_.end() && yielded->second) return true;
+  if (yielded_.count(device) != 0) return true;
   const auto found = failures_.find(device);
   return found != failures_.end() && found->second >= kMaxFailures;
 }
@@ -565,7 +565,7 @@ bool PlanBuilders::yield_memory(int device) {
   std::vector<pid_t> taken;
   {
     std::lock_guard lock(mutex_);
-    yielded_[device] = true;
+    yielded_.insert(device);
     idle.swap(idle_[device]);
     running_ -= idle.size();
     // Their holders give them back, and give_back closes them. Killed under the lock, which give_back takes

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -284,7 +285,7 @@ class PlanBuilders {
   std::map<int, std::vector<std::unique_ptr<PlanBuilder>>> idle_;  // by device
   std::map<int, int> failures_;                                    // in a row, by device
   std::map<int, std::vector<pid_t>> taken_;  // children taken from the pool (idle or starting), by device
-  std::map<int, bool> yielded_;              // devices whose builders yield_memory closed
+  std::set<int> yielded_;                    // devices whose builders yield_memory closed
   std::size_t running_ = 0;
   std::uint64_t plans_built_ = 0;
   std::uint64_t generation_ = 0;  // of settings_.command
