@@ -10,7 +10,7 @@
 namespace cudnn_cache {
 
 PlanPrefetcher& PlanPrefetcher::instance() {
-  static PlanPrefetcher* prefetcher = new PlanPrefetcher(Settings{&PlanBuilders::instance()});
+  static PlanPrefetcher* prefetcher = new PlanPrefetcher(Settings{});  // on PlanBuilders::instance()
   return *prefetcher;
 }
 
