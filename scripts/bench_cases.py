@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import random
 import statistics
 import sys
 import time
@@ -88,13 +89,13 @@ OVERHEAD_ROUNDS = 300
 OVERHEAD_LABELS = {  # its rows: result name -> the call timed
     "native_heuristic": "F.conv2d (benchmark=False)",
     "native_benchmark": "F.conv2d (benchmark=True)",
-    "op": "torch.ops.cudnn_cache.convolution",
+    "op": "torch.ops.cudnn_cache.convolution.default",
     "functional": "cudnn_cache.functional.conv2d",
     "native_scripted": "torch.conv2d in a TorchScript loop (benchmark=False)",
     "op_scripted": "cudnn_cache::convolution in a TorchScript loop",
     "train_native_heuristic": "training: F.conv2d forward + backward (benchmark=False)",
     "train_native_benchmark": "training: F.conv2d forward + backward (benchmark=True)",
-    "train_op": "training: torch.ops.cudnn_cache.convolution (a converted module's call) forward + backward",
+    "train_op": "training: torch.ops.cudnn_cache.convolution.default (a converted module's call) forward + backward",
     "train_intercept": "training: F.conv2d forward + backward under cudnn_cache.intercept(True)",
 }
 NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
@@ -105,11 +106,15 @@ NATIVE_TRAIN_OVERHEADS = ("train_native_heuristic", "train_native_benchmark")
 
 
 def in_turn(items: List[str], round_index: int) -> List[str]:
-    """`items` in the order of round `round_index`: rotated by one place per round, so that none always comes first
-    (in a fixed order, 2026-12-01 on an H200, the overhead case's two native training rows, first and second in
-    every round, differed by 17 us per iteration, more than any cache row differed from the first)."""
-    shift = round_index % len(items)
-    return items[shift:] + items[:shift]
+    """`items` in the order of round `round_index`: a permutation drawn from a generator seeded with the round
+    index (so every run orders its rounds alike), so that no item always comes first and none always follows the
+    same other. Rotation was not enough: it keeps the cyclic order, so an item always came after the same one.
+    2026-12-03 on an H200, the overhead case's two native training rows, which run the same cuDNN plans (PyTorch's
+    plan cache does not key by the benchmark flag), differed by 20 us per iteration with the benchmark row always
+    right after the heuristics one, warm from it, and the heuristics row after a forward-only TorchScript loop."""
+    order = list(items)
+    random.Random(round_index).shuffle(order)
+    return order
 
 
 def device_of(parser, args, tool: str) -> Optional[torch.device]:
@@ -351,7 +356,7 @@ def run_overhead_case(args) -> dict:
     """Host overhead per call, the cache warm (tuned before timing, then miss policy 'error'). Each row times a
     round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
     host-only time before that synchronize; OVERHEAD_ROUNDS rounds (or --steps, if more; with --quick, --steps),
-    interleaved in an order that rotates by round so that drift and place hit every row alike, give each row's
+    interleaved in an order drawn anew each round (in_turn) so that drift, place and predecessor hit every row alike, give each row's
     median and its 95% interval (bench_stats). The
     forward rows make OVERHEAD_CALLS no-grad calls of a tiny convolution; the training rows TRAIN_CALLS
     iterations of forward + backward (torch.autograd.grad of input and weight) of a 16 -> 16 3x3 convolution.
@@ -372,7 +377,7 @@ def run_overhead_case(args) -> dict:
     train_x = torch.rand(*TRAIN_INPUT, device=device, requires_grad=True)
     train_w = torch.rand(*TRAIN_WEIGHT, device=device, requires_grad=True)
     train_grad = torch.ones(TRAIN_INPUT[0], TRAIN_WEIGHT[0], *TRAIN_INPUT[2:], device=device)
-    op = torch.ops.cudnn_cache.convolution
+    op = torch.ops.cudnn_cache.convolution.default  # the overload, as converted modules call it
 
     def forward_calls(call):
         def calls():
@@ -481,7 +486,7 @@ def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:
     converted model on the file cache_cold saved (cache_warm) and the unmodified model under intercept
     (cache_intercept). Separate processes differ by more than these modes do (host jitter, clocks, where memory
     landed), so the wall-clock comparison that counts is this one: every round times one step of each mode,
-    in an order that rotates by round, and each cache mode's ratio to native is taken per round (paired), then
+    in an order drawn anew each round (in_turn), and each cache mode's ratio to native is taken per round (paired), then
     summarised as a median with its 95% interval (bench_stats). GPU time is the training cases' to report."""
     import cudnn_cache
 

@@ -5,7 +5,7 @@ the cache with native's own choices, and under intercept, interleaved in one pro
 scripts/bench.py's interleaved cases say how much slower a host-bound step is through the cache, and
 scripts/host_cost.py that the calls themselves, timed in a loop, are not. This places the difference inside the
 running network: forward hooks time every convolution, batch norm and ReLU module of the workload's model, each
-step taken in one of these modes in turn (the order rotating by round):
+step taken in one of these modes in turn (in an order drawn anew each round):
 
     native          the model natively (cuDNN's heuristics, or benchmark mode with --native-mode benchmark)
     tuned           the converted model on the entries a full search stored (the default tuning options)

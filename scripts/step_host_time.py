@@ -7,7 +7,7 @@ time per call loses on the wall clock there even where its kernels are faster. T
 alone: from the step's start to its return, without synchronizing inside (zero_grad, forward,
 loss = output.float().sum(), backward, as in scripts/bench.py). 'busy' queues a kernel of --busy-ms first, so
 that every launch of the step waits in the queue behind it and nothing the host does can wait for the GPU;
-'idle' starts from an empty queue. The ways, in a rotating order per round (bench_cases.in_turn), each warmed up
+'idle' starts from an empty queue. The ways, in an order drawn anew each round (bench_cases.in_turn), each warmed up
 by two steps first:
 
     native   PyTorch's own convolutions, cudnn.benchmark=False
