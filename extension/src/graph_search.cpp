@@ -17,6 +17,8 @@
 #include "cudnn_cache/cudnn.h"
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
+#include "cudnn_cache/runtime.h"
+#include "elapsed.h"
 #include "graph_internal.h"
 #include "handle_pool.h"
 #include "paired_timing.h"
@@ -195,16 +197,35 @@ class AheadBuilder {
   // calling thread's graph where no worker claimed it or a worker could not make it. Positions are taken in
   // order, each once, on the calling thread.
   BuiltPlan take(std::size_t position) {
+    const auto started = std::chrono::steady_clock::now();
     if (!claim(position)) {
       std::unique_lock lock(mutex_);
       built_.wait(lock, [&] { return slots_[position].done; });
+      taken_.waiting_us += microseconds_since(started);
       BuiltPlan& plan = slots_[position].plan;
-      if (plan.graph && (!plan.sent || describe_built(plan, *graph_, listed_))) return std::move(plan);
+      if (plan.graph && (!plan.sent || describe_built(plan, *graph_, listed_))) {
+        ++taken_.by_workers;
+        return std::move(plan);
+      }
     } else if (BuiltPlan plan = prefetched(handle_, position); plan.graph && describe_built(plan, *graph_, listed_)) {
+      ++taken_.prefetched;
+      taken_.restoring_us += microseconds_since(started);
       return plan;
     }
-    return {graph_, build_at(*graph_, plans_.indices[position])};
+    const auto building = std::chrono::steady_clock::now();
+    BuiltPlan plan{graph_, build_at(*graph_, plans_.indices[position])};
+    ++(plans_.compiled[position] ? taken_.compiled_here : taken_.precompiled_here);
+    taken_.building_us += microseconds_since(building);
+    return plan;
   }
+
+  // Where the candidates take() returned came from, and what the calling thread spent on them: what the debug
+  // log's search profile reports (SearchProfile).
+  struct Taken {
+    int by_workers = 0, prefetched = 0, compiled_here = 0, precompiled_here = 0;
+    std::uint64_t waiting_us = 0, restoring_us = 0, building_us = 0;
+  };
+  const Taken& taken() const { return taken_; }
 
   // No more claims; workers finish the build they are in.
   void stop() { stopped_.store(true); }
@@ -296,6 +317,43 @@ class AheadBuilder {
   std::condition_variable built_;
   std::vector<Slot> slots_;  // guarded by mutex_
   std::vector<std::thread> threads_;
+  Taken taken_;  // the calling thread's
+};
+
+// Where one search's time went, logged at debug level after it (CUDNN_CACHE_LOG=debug), so that a cold start can
+// be profiled per key and per step: the step times are the calling thread's wall time, step 1's split into
+// waiting for workers' builds, building here and restoring prefetched plans (the rest of it is timing).
+class SearchProfile {
+ public:
+  SearchProfile() : enabled_(Runtime::instance().logs(LogLevel::debug)) {}
+
+  // Ends the current step, named `step`: its time is since the previous lap (or the profile's start).
+  void lap(const char* step) {
+    if (!enabled_) return;
+    const auto now = std::chrono::steady_clock::now();
+    steps_ += detail::concat(steps_.empty() ? "" : ", ", step, " ", milliseconds(now - last_));
+    last_ = now;
+  }
+
+  void log(const ConvolutionKey& key, const AheadBuilder::Taken& taken, std::size_t timed) const {
+    if (!enabled_) return;
+    Runtime::instance().log(
+        LogLevel::debug,
+        detail::concat("search profile: ", steps_, " ms; step 1 took ", taken.by_workers, " plans from workers (",
+                       taken.waiting_us / 1000, " ms waiting), ", taken.prefetched, " prefetched (",
+                       taken.restoring_us / 1000, " ms restoring), built ", taken.compiled_here, " compiled and ",
+                       taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ", timed,
+                       " configs timed; for ", key));
+  }
+
+ private:
+  static std::int64_t milliseconds(std::chrono::steady_clock::duration elapsed) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+  }
+
+  bool enabled_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  std::string steps_;
 };
 
 // Note [Exhaustive search]
@@ -510,6 +568,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                                                 std::shared_ptr<const GraphPlan>* best_plan) {
   CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
+  SearchProfile profile;
   EngineSearch search(handle, key, buffers, allocate, options);
   Graph& graph = search.graph();
   const Bounds bounds = bounds_of(options);
@@ -521,14 +580,17 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   const int workers = options.build_processes > 0 ? options.build_processes : threads - 1;
   AheadBuilder builder(handle, search.shared_graph(), key, options.deterministic, plans,
                        std::min(workers, bounds.heuristic - 1), options.build_processes > 0);
+  profile.lap("heuristics' list");
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
+  profile.lap("step 1");
   search.time_deterministic_pick(plans);
   // 2. Mode B's first picks, where they are not among those.
   for (const EngineCandidate& config : mode_b_configs(handle, key, bounds.mode_b)) {
     const std::int64_t index = add_plan(graph, config);
     if (index >= 0) search.time(index);
   }
+  profile.lap("deterministic pick and mode B");
   CUDNN_CACHE_REQUIRE(search.timed() > 0, "cuDNN graph API: no engine config runs ", key,
                       within_workspace_limit(options.max_workspace_bytes));
   // 3. The best so far with one knob moved to a neighbouring value, unless cuDNN compiles it at run time
@@ -540,8 +602,11 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
     const std::int64_t index = add_plan(graph, variant);
     if (index >= 0) search.time(index);
   }
+  profile.lap("knob variants");
   // 4. The finalists, timed again side by side.
   search.confirm(bounds.finalists);
+  profile.lap("confirm");
+  profile.log(key, builder.taken(), search.timed());
   auto [ranked, built] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize(); a restored plan is its graph's
   // only one, selected, and keeps the bytes it came from (Note [Builder processes]).

@@ -773,6 +773,11 @@ def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
     assert any(line.startswith("cudnn_cache [debug] tuned: ") and "best engine" in line and "; the search took " in line
                for line in lines), lines
     assert sum(line.startswith("cudnn_cache [debug] hit: engine config") for line in lines) == 1, lines
+    # Each search's profile: its steps' times, where step 1's plans came from, and the key.
+    profiles = [line for line in lines if line.startswith("cudnn_cache [debug] search profile: heuristics' list ")]
+    assert len(profiles) == 1, lines
+    assert all(part in profiles[0] for part in (", step 1 ", ", confirm ", " configs timed; for forward: x float")), \
+        profiles
 
 
 # --- A file from another cuDNN (issue 8: edit the version in the file) -----------------------------------------
