@@ -184,6 +184,14 @@ def model_and_input(workload: Workload, device: torch.device, cache, convert: bo
     return model, x.requires_grad_(True), convolutions
 
 
+def drop_plans(cache) -> None:
+    """Drops every execution plan the cache keeps in memory (its entries stay), so that the next calls, or
+    prepare(), build them again: on the handle of the thread that calls first, or on prepare()'s pool."""
+    limit = cache.plan_cache_limit()
+    cache.set_plan_cache_limit(1)  # a sweep keeps 90% of the limit: none
+    cache.set_plan_cache_limit(limit)
+
+
 def initialise_libraries(device: torch.device, cache) -> None:
     """Runs a tiny convolution forward and backward, natively and (in cache modes) through the cache under the
     'heuristic' policy, which stores nothing: CUDA, cuBLAS, cuDNN and the ops are set up before the first step."""
@@ -356,9 +364,8 @@ def run_overhead_case(args) -> dict:
     """Host overhead per call, the cache warm (tuned before timing, then miss policy 'error'). Each row times a
     round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
     host-only time before that synchronize; OVERHEAD_ROUNDS rounds (or --steps, if more; with --quick, --steps),
-    interleaved in an order drawn anew each round (in_turn) so that drift, place and predecessor hit every row alike, give each row's
-    median and its 95% interval (bench_stats). The
-    forward rows make OVERHEAD_CALLS no-grad calls of a tiny convolution; the training rows TRAIN_CALLS
+    interleaved in an order drawn anew each round (in_turn) so that drift, place and predecessor hit every row
+    alike, give each row's median and its 95% interval (bench_stats). The forward rows make OVERHEAD_CALLS no-grad calls of a tiny convolution; the training rows TRAIN_CALLS
     iterations of forward + backward (torch.autograd.grad of input and weight) of a 16 -> 16 3x3 convolution.
     op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
     (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python;

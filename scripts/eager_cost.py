@@ -44,7 +44,8 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import TRAIN_INPUT, TRAIN_WEIGHT, device_of, in_turn, initialise_libraries, synchronize  # noqa: E402
+from bench_cases import (TRAIN_INPUT, TRAIN_WEIGHT, device_of, drop_plans, in_turn,  # noqa: E402
+                         initialise_libraries, synchronize)
 from bench_stats import median_interval  # noqa: E402
 
 PARTS = ("forward", "forward_grad", "backward", "train")
@@ -109,9 +110,7 @@ def rebuild_plans(cache, plans: str, parts) -> int:
     ready ('pool'), else 0."""
     if plans == "search":
         return 0
-    limit = cache.plan_cache_limit()
-    cache.set_plan_cache_limit(1)  # a sweep keeps 90% of the limit: none
-    cache.set_plan_cache_limit(limit)
+    drop_plans(cache)
     if plans == "pool":
         return cache.prepare()
     first = ("forward", "backward") if plans == "main" else ("train",)

@@ -53,8 +53,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
-from bench_cases import (WORKLOADS, device_of, gpu_time_per_step, in_turn, initialise_libraries,  # noqa: E402
-                         model_and_input, profile_each_step)
+from bench_cases import (WORKLOADS, device_of, drop_plans, gpu_time_per_step, in_turn,  # noqa: E402
+                         initialise_libraries, model_and_input, profile_each_step)
 from bench_stats import median_interval  # noqa: E402
 
 WAYS = ("native", "graph", "legacy")
@@ -119,9 +119,7 @@ def rebuild_plans(cache, plans: str) -> int:
     steps build them; 'pool': prepare() does now); returns the plans prepare() made ready."""
     if plans == "search":
         return 0
-    limit = cache.plan_cache_limit()
-    cache.set_plan_cache_limit(1)  # evicts all but the newest plan
-    cache.set_plan_cache_limit(limit)
+    drop_plans(cache)
     return cache.prepare() if plans == "pool" else 0
 
 
