@@ -157,6 +157,37 @@ def test_a_1d_convolution_of_transposed_tensors_keeps_native_layout(path, transp
         assert_close_scaled(ours, native, TOLERANCE[torch.float32], "1-D")
 
 
+@pytest.mark.parametrize("backend", ["graph", "legacy"])
+def test_every_direction_runs_on_the_current_stream(backend):
+    """The three directions' kernels (and their workspace) go to the current stream: with the default stream held
+    by a long sleep kernel, a side stream's forward and backward through the cache finish first."""
+    cudnn_cache.set_backend(backend)
+    x = randn(4, 8, 12, 12).requires_grad_()
+    w = randn(16, 8, 3, 3).requires_grad_()
+    grad = randn(4, 16, 12, 12, seed=1)
+
+    def step():
+        output = ops.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], 1)
+        return torch.autograd.grad(output, (x, w), grad)
+
+    step()  # tunes the three keys and builds their plans, on the default stream
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    torch.cuda._sleep(2 * 10**9)  # about a second of spinning on the default stream (2e9 cycles at ~2 GHz)
+    with torch.cuda.stream(side):
+        gradients = step()
+        done = torch.cuda.Event()
+        done.record(side)
+    waited = time.monotonic()
+    while not done.query() and time.monotonic() - waited < 0.5:
+        time.sleep(0.001)
+    default_busy = not torch.cuda.current_stream().query()
+    finished = done.query()
+    torch.cuda.synchronize()
+    assert finished and default_busy, (finished, default_busy)
+    assert cudnn_cache.stats()["misses"] == 3 and all(g.isfinite().all() for g in gradients)
+
+
 def test_mismatched_devices_are_rejected_as_pytorch_rejects_them():
     x, w = randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3)
     with pytest.raises(RuntimeError) as native:

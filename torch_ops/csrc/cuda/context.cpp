@@ -72,11 +72,9 @@ KeyOperands operands_for(const char* op, const ConvolutionKey& key, int device) 
           buffer_for(key.output, options)};
 }
 
-cudnnHandle_t current_handle() {
-  cudnnHandle_t handle = at::native::getCudnnHandle();
-  rethrow([&] { CUDNN_CACHE_CHECK(cudnnSetStream(handle, at::cuda::getCurrentCUDAStream())); });
-  return handle;
-}
+// getCudnnHandle() sets its handle's stream to the current CUDA stream on every call (ATen/cudnn/Handle.cpp), as
+// PyTorch's own convolutions rely on: setting it again here cost a cuDNN call per direction run.
+cudnnHandle_t current_handle() { return at::native::getCudnnHandle(); }
 
 }  // namespace cudnn_cache::torch_ops
 
