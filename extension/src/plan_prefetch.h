@@ -38,7 +38,9 @@ namespace cudnn_cache {
 // (heuristic_graph, then the same list of step 1), in builder processes, while the forward search runs. When the
 // backward pass searches those keys, a search asks the prefetcher for each compiled candidate before building
 // it (Note [Parallel candidate builds] in graph_search.cpp) and restores what it gets, in milliseconds; what is
-// timed, and how, is unchanged.
+// timed, and how, is unchanged. Tuning known keys one after another (tune_pending(), distributed.sync(): the
+// warm start's offline tuning) queues the builds of each key and of the next few before searching it
+// (Runtime::prefetch, distributed.prefetched_in_turn), so that the builders compile ahead of the searches.
 //
 // Bounds. At most `processes` jobs of a device are in flight at once, each on a background thread holding one
 // builder of PlanBuilders' pool; a thread takes a job only once its builder is ready, so that a job in flight

@@ -350,16 +350,20 @@ std::vector<Direction> ExpectBackward::directions(const ConvolutionKey& key) {
 void Runtime::prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key) {
   const std::vector<Direction> directions = ExpectBackward::directions(key);
   if (directions.empty()) return;
-  GraphSearchOptions options = search_options();
-  if (!options.prefetch_backward || options.build_processes <= 0) return;
-  const DirectionCaches& caches = caches_for_device(device);
+  if (!search_options().prefetch_backward) return;
   for (const Direction direction : directions) {
     ConvolutionKey other = key;
     other.direction = static_cast<std::int32_t>(direction);
-    if (caches.holds(true, other)) continue;
-    const bool queued = prefetch_compiled_plans(handle, other, options);
-    if (queued && logs(LogLevel::debug)) log(LogLevel::debug, detail::concat("prefetching plans of ", other));
+    prefetch(handle, device, other);
   }
+}
+
+bool Runtime::prefetch(cudnnHandle_t handle, int device, const ConvolutionKey& key) {
+  const GraphSearchOptions options = search_options();
+  if (options.build_processes <= 0 || caches_for_device(device).holds(true, key)) return false;
+  const bool queued = prefetch_compiled_plans(handle, key, options);
+  if (queued && logs(LogLevel::debug)) log(LogLevel::debug, detail::concat("prefetching plans of ", key));
+  return queued;
 }
 
 void Runtime::set_warning_handler(std::function<void(const std::string&)> handler) {

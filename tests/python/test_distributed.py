@@ -155,6 +155,36 @@ def test_split_deals_costliest_first_in_snake_order():
     assert distributed.split(list(reversed(problems)), [1, 2, 3]) == plan  # the same on every rank
 
 
+def test_prefetched_in_turn_queues_each_key_and_the_next_ones_before_yielding_it(monkeypatch):
+    problems = keys(12)
+    events = []
+
+    def prefetch_key(key, backend, device):
+        events.append(("queued", (backend, tuple(key)), device))
+        if len(events) == 3:
+            raise RuntimeError("not a valid key")  # swallowed: the key's tuning says why
+        return True
+
+    monkeypatch.setattr(distributed._ops, "prefetch_key", prefetch_key)
+    for problem in distributed.prefetched_in_turn(iter(problems), device=1):
+        events.append(("yielded", problem))
+    ahead = distributed.PREFETCH_AHEAD
+    assert [event[1] for event in events if event[0] == "yielded"] == problems
+    assert [event[1] for event in events if event[0] == "queued"] == problems  # each once, in order
+    assert {event[2] for event in events if event[0] == "queued"} == {1}
+    for index, problem in enumerate(problems):
+        before = events[:events.index(("yielded", problem))]
+        queued = [event[1] for event in before if event[0] == "queued"]
+        assert queued == problems[:min(len(problems), index + 1 + ahead)], index  # itself and the next ones
+
+
+def test_prefetch_key_needs_a_gpu(cache_state):
+    if torch.cuda.is_available():
+        pytest.skip("this is the CPU-only refusal; the GPU tests prefetch for real")
+    with pytest.raises(RuntimeError, match="prefetch_key: no CUDA device"):
+        torch.ops.cudnn_cache.prefetch_key(list(keys(1)[0][1]), "graph", None)
+
+
 def test_sync_without_a_process_group_tunes_everything_itself(cache_state):
     origin = ("Test GPU A", 9, 0, 132, 9, 19)
     tuned = []

@@ -345,6 +345,42 @@ def test_tune_pending_tunes_this_gpus_pending_keys_within_its_time(cache_state):
 
 
 
+def test_tune_pending_restores_what_builders_compiled_ahead_and_stores_what_a_plain_search_stores(cache_state):
+    """tune_pending() has builder processes compile the runtime-compiled candidates of the keys after the one it
+    searches (distributed.prefetched_in_turn): depthwise bf16 channels_last layers, recorded under 'record', are
+    tuned with prefetched plans restored, and store the configs searches without builders store."""
+    layers = [(8, channels, size) for channels, size in ((32, 56), (64, 28), (96, 28), (128, 14), (160, 14))]
+
+    def tuned(build_processes: int) -> dict:
+        cudnn_cache.clear()
+        distributed.clear_recorded_misses()
+        cudnn_cache.set_tuning_options(build_processes=build_processes, mode_b_candidates=0, knob_variants=0)
+        cudnn_cache.set_miss_policy("record")
+        for batch, channels, size in layers:
+            x = randn(batch, channels, size, size, dtype=torch.bfloat16, memory_format=torch.channels_last)
+            w = randn(channels, 1, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last, seed=1)
+            ops.convolution(x.requires_grad_(), w.requires_grad_(), None, [1, 1], [1, 1], [1, 1], channels).sum() \
+                .backward()
+        cudnn_cache.set_miss_policy("tune")
+        pending = [(backend, key) for _, backend, key in distributed.recorded_misses()]
+        assert len(pending) == 3 * len(layers)
+        assert cudnn_cache.tune_pending() == len(pending) and distributed.recorded_misses() == []
+        directions = ("forward", "backward_data", "backward_filter")  # a key's first word (Direction in key.h)
+        return {key: {(entry["engine"], tuple(entry["knobs"])) for entry in cudnn_cache.query(directions[key[0]], key)}
+                for _, key in pending}
+
+    without = tuned(0)
+    # Builders take seconds to start, and the first run's searches may end before they do: the runs go on until
+    # a search has restored prefetched plans, or a minute passes.
+    cudnn_cache.reset_stats()
+    deadline = time.monotonic() + 60
+    runs = 0
+    while cudnn_cache.stats()["prefetched_plans"] == 0 and time.monotonic() < deadline:
+        assert tuned(4) == without
+        runs += 1
+    assert cudnn_cache.stats()["prefetched_plans"] > 0, f"no prefetched plan restored in {runs} runs"
+
+
 def train_nearest_case(batch, size, channels=8, seed=0):
     """Forward and backward of a 3x3 convolution (channels -> 16) through the cache, checked against native."""
     x, w = randn(batch, channels, size, size, seed=seed), randn(16, channels, 3, 3, seed=seed + 1)

@@ -79,6 +79,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("merge_entries(Tensor data, int[] ends, str[] names, str source) -> (Tensor data, int[] refused, "
         "str[] reasons)");
   m.def("tune_key(int[] key, str backend, int? device=None) -> int");
+  m.def("prefetch_key(int[] key, str backend, int? device=None) -> bool");
 
   // Cache files, without this process's cache (python -m cudnn_cache).
   m.def("file_summary(str path) -> str");

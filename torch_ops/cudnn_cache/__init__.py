@@ -388,11 +388,13 @@ def clear() -> None:
 
 def tune_pending(max_seconds: Optional[float] = None, device: Optional[int] = None) -> int:
     """Tunes the pending keys of CUDA device `device` (default: the current one) now, one after another, and
-    returns how many it tuned. A key is pending when a call met it and did not tune it: a miss under the
-    'record' miss policy (or under 'tune' during a CUDA-graph capture), or a pending key of a loaded file, of
-    this GPU and cuDNN (distributed.recorded_misses() lists them all). Call it off the training path, between
-    epochs for instance, then save(): the next process runs those shapes tuned. With max_seconds it stops
-    starting keys once that much time has passed (the key under way finishes); the rest stay pending."""
+    returns how many it tuned; builder processes compile the runtime-compiled candidates of the next keys
+    meanwhile (distributed.prefetched_in_turn). A key is pending when a call met it and did not tune it: a miss
+    under the 'record' miss policy (or under 'tune' during a CUDA-graph capture), or a pending key of a loaded
+    file, of this GPU and cuDNN (distributed.recorded_misses() lists them all). Call it off the training path,
+    between epochs for instance, then save(): the next process runs those shapes tuned. With max_seconds it stops
+    starting keys once that much time has passed (the key under way finishes); the rest stay pending, and the
+    builds queued for up to distributed.PREFETCH_AHEAD of them finish in the background."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"cudnn_cache.tune_pending: max_seconds must be a number of seconds >= 0 or None, not "
                          f"{max_seconds!r}")
@@ -401,10 +403,11 @@ def tune_pending(max_seconds: Optional[float] = None, device: Optional[int] = No
     origin = distributed.device_origin(device)
     started = time.perf_counter()
     tuned = 0
-    for where, backend, key in distributed.recorded_misses():
-        if where != origin:
-            continue
-        if max_seconds is not None and time.perf_counter() - started >= max_seconds:
+    pending = [(backend, key) for where, backend, key in distributed.recorded_misses() if where == origin]
+    turns = distributed.prefetched_in_turn(pending, device)  # queues builds as it goes: asked only within the time
+    while max_seconds is None or time.perf_counter() - started < max_seconds:
+        backend, key = next(turns, (None, None))
+        if key is None:
             break
         _ops.tune_key(list(key), backend, device)
         tuned += 1

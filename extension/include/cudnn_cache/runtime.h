@@ -364,6 +364,12 @@ class Runtime {
   // Queues prefetched builds for the key's other two directions, where a backward pass is expected and they are
   // not cached (Note [Backward expected]).
   void prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key);
+  // Queues builds of the graph key's runtime-compiled candidates in builder processes (Note [Prefetched builds]),
+  // which its search restores when it comes; returns whether any was queued (none where the key is cached,
+  // builder processes are 0, or it has no such candidate). What prefetch_backward does per key, and what a caller
+  // about to tune many keys one after another does for all of them first (tune_pending(), distributed.sync()),
+  // so that their compilations overlap the searches before them.
+  bool prefetch(cudnnHandle_t handle, int device, const ConvolutionKey& key);
   // The pending keys that are still not cached (recorded here, or loaded from a file), in order of origin,
   // backend and key.
   std::vector<RecordedMiss> recorded_misses() const;
