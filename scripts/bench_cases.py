@@ -365,8 +365,9 @@ def run_overhead_case(args) -> dict:
     round of calls with no synchronize between them, then one synchronize: the per-call wall time, and the
     host-only time before that synchronize; OVERHEAD_ROUNDS rounds (or --steps, if more; with --quick, --steps),
     interleaved in an order drawn anew each round (in_turn) so that drift, place and predecessor hit every row
-    alike, give each row's median and its 95% interval (bench_stats). The forward rows make OVERHEAD_CALLS no-grad calls of a tiny convolution; the training rows TRAIN_CALLS
-    iterations of forward + backward (torch.autograd.grad of input and weight) of a 16 -> 16 3x3 convolution.
+    alike, give each row's median and its 95% interval (bench_stats). The forward rows make OVERHEAD_CALLS
+    no-grad calls of a tiny convolution; the training rows TRAIN_CALLS iterations of forward + backward
+    (torch.autograd.grad of input and weight) of a 16 -> 16 3x3 convolution.
     op_overhead_above_native_us: the op's host time per call minus native's, both called in a TorchScript loop
     (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python;
     train_op_overhead_above_native_us and train_intercept_overhead_above_native_us: the training rows' host

@@ -180,8 +180,8 @@ def interleaved_table(report: dict) -> List[str]:
             f"Per workload and native mode, one process takes a step natively, through the converted model "
             f"(cache_warm, on cache_cold's file) and under intercept, in turn, {len(steps)} rounds (the order "
             "is drawn anew each round). Wall-clock step, median [95% interval]; ÷ native: the ratio of the two "
-            "steps of each round, median [95% interval]; host ÷ native: the same of the time until backward() returns, "
-            "before the step's final synchronize; forward ÷ native: the same of the time until the loss is "
+            "steps of each round, median [95% interval]; host ÷ native: the same of the time until backward() "
+            "returns, before the step's final synchronize; forward ÷ native: the same of the time until the loss is "
             "computed, the step's forward ('-' from runs that did not record them). Separate processes differ by "
             "more than the modes do, so this is the wall-clock comparison the targets use.", ""] + table(columns, rows)
 
