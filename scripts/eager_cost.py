@@ -25,7 +25,13 @@ again by one training iteration (the backward keys' on autograd's device thread,
 'pool' dropped and built again by cudnn_cache.prepare() on its pool's handles, as in a warm process. PyTorch
 builds each plan on the handle of the thread that runs it (its plan caches are thread-local).
 
+--api adds, per part and way, what torch.profiler records per call in one profiled round after the timed ones:
+each operator's and each CUDA runtime or driver call's count and self CPU time, shown where a cache way's count
+differs from native's or among the largest times (a host cost inside cuDNN shows as calls native does not
+make, or as the same calls taking longer).
+
     python3 scripts/eager_cost.py --plans autograd --json /tmp/eager_cost.json
+    python3 scripts/eager_cost.py --api
 
 Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code as a smoke test (intercept
 takes nothing there, and there are no plans).
@@ -45,13 +51,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
 from bench_cases import (TRAIN_INPUT, TRAIN_WEIGHT, device_of, drop_plans, in_turn,  # noqa: E402
-                         initialise_libraries, synchronize)
+                         initialise_libraries, profile_each_step, synchronize)
 from bench_stats import median_interval  # noqa: E402
 
 PARTS = ("forward", "forward_grad", "backward", "train")
 WAYS = ("native", "op", "intercept")
 CACHE_WAYS = ("op", "intercept")  # each reported against native
 PLANS = ("search", "main", "autograd", "pool")
+SHOWN = 16  # rows per part of the --api table
 
 
 def parts_of(device: torch.device, calls: int) -> Dict[str, Dict[str, Callable[[], None]]]:
@@ -122,7 +129,19 @@ def rebuild_plans(cache, plans: str, parts) -> int:
     return 0
 
 
-def measure(device: torch.device, rounds: int, calls: int, plans: str) -> dict:
+def api_calls(device: torch.device, calls: int, round_of_calls: Callable[[], None]) -> Dict[str, dict]:
+    """Per event torch.profiler records in one profiled round (operators, CUDA runtime and driver calls): its
+    count and self CPU time, each per call of the round."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    [events] = profile_each_step(round_of_calls, device, 1, activities, lambda profiler: {
+        event.key: {"calls": event.count / calls, "self_us": event.self_cpu_time_total / calls}
+        for event in profiler.key_averages()})
+    return events
+
+
+def measure(device: torch.device, rounds: int, calls: int, plans: str, api: bool = False) -> dict:
     import cudnn_cache
 
     torch.backends.cudnn.benchmark = False
@@ -160,6 +179,9 @@ def measure(device: torch.device, rounds: int, calls: int, plans: str) -> dict:
             entry[f"{way}_us"] = median_interval(mine)
             entry[f"{way}_minus_native_us"] = median_interval([a - b for a, b in zip(mine, native)])
         result["parts"][part] = entry
+    if api:
+        result["api"] = {part: {way: api_calls(device, calls, lambda: timed(part, way)) for way in WAYS}
+                         for part in PARTS}
     return result
 
 
@@ -175,12 +197,38 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def api_table(api: Dict[str, Dict[str, Dict[str, dict]]]) -> str:
+    """Per part, the events whose count per call differs between native and a cache way (CUDA calls first), then
+    the largest self times, up to SHOWN rows: calls and self CPU time per call, each way."""
+    lines = []
+    for part, ways in api.items():
+        names = set().union(*(ways[way] for way in WAYS))
+
+        def figure(way: str, name: str, what: str) -> float:
+            return ways[way].get(name, {}).get(what, 0.0)
+
+        # CUDA runtime and driver calls first: the operators' names differ between the ways by design.
+        differing = sorted((name for name in names if any(
+            abs(figure(way, name, "calls") - figure("native", name, "calls")) >= 0.5 for way in CACHE_WAYS)),
+            key=lambda name: (not name.startswith("cu"), -max(figure(way, name, "self_us") for way in WAYS)))
+        largest = sorted(names - set(differing), key=lambda name: -max(figure(way, name, "self_us") for way in WAYS))
+        lines += ["", f"{part}: per call, calls and self CPU time", "",
+                  "| event | " + " | ".join(WAYS) + " |", "|---|" + "---|" * len(WAYS)]
+        for name in (differing + largest)[:SHOWN]:
+            cells = " | ".join(f"{figure(way, name, 'calls'):.1f}, {figure(way, name, 'self_us'):.1f} us"
+                               for way in WAYS)
+            lines.append(f"| {name[:60]}{' (count differs)' if name in differing else ''} | {cells} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200, help="interleaved rounds (default 200; at least 6)")
     parser.add_argument("--calls", type=int, default=50, help="calls per round (default 50)")
     parser.add_argument("--plans", choices=PLANS, default="search",
                         help="which handle built the plans the cache ways run (default: as the tuning left them)")
+    parser.add_argument("--api", action="store_true",
+                        help="also each part's operators and CUDA calls per call, from one profiled round per way")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -189,10 +237,12 @@ def main(argv=None) -> int:
         return 2
     if args.plans != "search" and device.type != "cuda":
         parser.error(f"--plans {args.plans} needs a CUDA device: execution plans are the GPU path's")
-    result = measure(device, args.rounds, args.calls, args.plans)
+    result = measure(device, args.rounds, args.calls, args.plans, args.api)
     print(f"eager training path, {args.rounds} rounds of {args.calls} calls, {device}, plans: {args.plans} "
           f"({result['plans_prepared']} prepared)\n")
     print(table(result))
+    if args.api:
+        print(api_table(result["api"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -35,6 +35,21 @@ def test_times_every_part_each_way_with_paired_differences(tmp_path):
         assert f"| {part} | " in done.stdout
 
 
+def test_api_counts_each_parts_events_per_call(tmp_path):
+    output = tmp_path / "eager_cost.json"
+    done = run("--rounds", "6", "--calls", "2", "--api", "--json", str(output))
+    assert done.returncode == 0, done.stdout + done.stderr
+    api = json.loads(output.read_text())["api"]
+    assert list(api) == list(eager_cost.PARTS) and all(list(ways) == list(eager_cost.WAYS) for ways in api.values())
+    # Per call of a round of 2: one convolution each way (its operator's name differs between them).
+    assert api["forward"]["native"]["aten::conv2d"]["calls"] == 1
+    assert api["forward"]["op"]["cudnn_cache::convolution"]["calls"] == 1
+    assert api["train"]["native"]["aten::convolution_backward"]["calls"] == 1
+    for part in eager_cost.PARTS:
+        assert f"{part}: per call, calls and self CPU time" in done.stdout
+    assert "| aten::conv2d (count differs) | 1.0, " in done.stdout
+
+
 def test_the_parts_call_what_training_calls():
     import torch
 
