@@ -178,11 +178,10 @@ def test_prefetched_in_turn_queues_each_key_and_the_next_ones_before_yielding_it
         assert queued == problems[:min(len(problems), index + 1 + ahead)], index  # itself and the next ones
 
 
-def test_prefetch_key_needs_a_gpu(cache_state):
-    if torch.cuda.is_available():
-        pytest.skip("this is the CPU-only refusal; the GPU tests prefetch for real")
-    with pytest.raises(RuntimeError, match="prefetch_key: no CUDA device"):
-        torch.ops.cudnn_cache.prefetch_key(list(keys(1)[0][1]), "graph", None)
+def test_prefetch_key_refuses_a_device_it_cannot_build_for(cache_state):
+    message = "device 99 does not exist" if torch.cuda.is_available() else "no CUDA device"
+    with pytest.raises(RuntimeError, match=f"cudnn_cache.prefetch_key: {message}"):
+        torch.ops.cudnn_cache.prefetch_key(list(keys(1)[0][1]), "graph", 99)
 
 
 def test_sync_without_a_process_group_tunes_everything_itself(cache_state):
