@@ -327,7 +327,10 @@ def overhead_table(overhead: Optional[dict]) -> List[str]:
                   f"{'x'.join(map(str, overhead['train_weight']))}, padding 1: {overhead['train_calls']} "
                   f"iterations per round, {overhead['repeats']} rounds, per iteration. Host time above the better "
                   f"native's: through the op {overhead['train_op_overhead_above_native_us']:.1f} us, through "
-                  f"intercept {overhead['train_intercept_overhead_above_native_us']:.1f} us.", ""]
+                  f"intercept {overhead['train_intercept_overhead_above_native_us']:.1f} us. In one process "
+                  "PyTorch's two modes run the same cuDNN plans (its plan cache is not keyed by the benchmark "
+                  "flag; the benchmark=False rows make them first), so the two native rows measure one thing "
+                  "twice, and the better of them is the lower of two samples of it.", ""]
         lines += table(["iteration", "wall per iteration (incl. final synchronize)", "host per iteration (before it)"],
                        [overhead_row(name, r) for name, r in training.items()])
     return lines
