@@ -345,6 +345,19 @@ def test_tune_pending_tunes_this_gpus_pending_keys_within_its_time(cache_state):
 
 
 
+def run_until_counted(counter: str, run, seconds: float = 60) -> None:
+    """Calls run() (which asserts what each run must give) with stats() reset first, until stats()[counter] is
+    above 0 or `seconds` pass, then asserts it is: builder processes take seconds to start (a CUDA context and
+    cuDNN each), and the searches meanwhile build in-process."""
+    cudnn_cache.reset_stats()
+    deadline = time.monotonic() + seconds
+    runs = 0
+    while cudnn_cache.stats()[counter] == 0 and time.monotonic() < deadline:
+        run()
+        runs += 1
+    assert cudnn_cache.stats()[counter] > 0, f"stats()['{counter}'] still 0 after {runs} runs"
+
+
 def test_tune_pending_restores_what_builders_compiled_ahead_and_stores_what_a_plain_search_stores(cache_state):
     """tune_pending() has builder processes compile the runtime-compiled candidates of the keys after the one it
     searches (distributed.prefetched_in_turn): depthwise bf16 channels_last layers, recorded under 'record', are
@@ -370,15 +383,12 @@ def test_tune_pending_restores_what_builders_compiled_ahead_and_stores_what_a_pl
                 for _, key in pending}
 
     without = tuned(0)
-    # Builders take seconds to start, and the first run's searches may end before they do: the runs go on until
-    # a search has restored prefetched plans, or a minute passes.
-    cudnn_cache.reset_stats()
-    deadline = time.monotonic() + 60
-    runs = 0
-    while cudnn_cache.stats()["prefetched_plans"] == 0 and time.monotonic() < deadline:
+
+    def prefetched():
         assert tuned(4) == without
-        runs += 1
-    assert cudnn_cache.stats()["prefetched_plans"] > 0, f"no prefetched plan restored in {runs} runs"
+
+    # The first run's searches may end before the builders have started: runs go on until one restored plans.
+    run_until_counted("prefetched_plans", prefetched)
 
 
 def train_nearest_case(batch, size, channels=8, seed=0):
@@ -535,17 +545,14 @@ def test_builder_processes_tune_what_in_process_builds_tune_and_end_when_idle():
     in_process = tuned(0)
     compiled = sum(entry["runtime_compiled"] for entry in cudnn_cache.query("backward_filter", key))
     assert compiled >= 2, f"{compiled} runtime-compiled configs: builders start only for two or more"
-    # The first search starts the builders (a CUDA context and cuDNN each: about a second); workers build
-    # in-process until theirs is ready, so searches go on until builders have built plans, or their start
-    # timeout passes.
-    cudnn_cache.reset_stats()
-    deadline = time.monotonic() + 60
-    searches = 0
-    while cudnn_cache.stats()["builder_plans"] == 0 and time.monotonic() < deadline:
+
+    def built_by_builders():
         assert tuned(4) == in_process
-        searches += 1
         assert builder_processes(), "no builder process started (is cudnn_cache_tool next to the library?)"
-    assert cudnn_cache.stats()["builder_plans"] > 0, f"builders built nothing in {searches} searches"
+
+    # The first search starts the builders (a CUDA context and cuDNN each: about a second); workers build
+    # in-process until theirs is ready, so searches go on until builders have built plans.
+    run_until_counted("builder_plans", built_by_builders)
     assert tuned(4) == in_process
     deadline = time.monotonic() + 10
     while builder_processes() and time.monotonic() < deadline:
@@ -580,15 +587,13 @@ def test_prefetched_backward_builds_tune_what_searches_without_them_tune():
                 for direction, key in keys.items()}
 
     without = tuned(False)
-    # Builders start during the first forward search (seconds) and its backward searches may come first: the
-    # runs go on until a search has restored prefetched plans, or a minute passes.
-    cudnn_cache.reset_stats()
-    deadline = time.monotonic() + 60
-    runs = 0
-    while cudnn_cache.stats()["prefetched_plans"] == 0 and time.monotonic() < deadline:
+
+    def prefetched():
         assert tuned(True) == without
-        runs += 1
-    assert cudnn_cache.stats()["prefetched_plans"] > 0, f"no prefetched plan restored in {runs} runs"
+
+    # Builders start during the first forward search (seconds) and its backward searches may come first: the
+    # runs go on until a search has restored prefetched plans.
+    run_until_counted("prefetched_plans", prefetched)
     assert tuned(True) == without
 
 
