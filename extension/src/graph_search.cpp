@@ -39,8 +39,13 @@ using namespace graph_internal;
 // handle of the HandlePool, claim them in cuDNN's order and build them while the calling thread times what is
 // built, in that same order. The calling thread builds every other candidate, and any compiled one no worker has
 // claimed yet, itself: with no worker, or no compiled candidate after the first, the search is the serial one,
-// and otherwise it waits only for builds already under way. Once enough candidates are timed the workers stop
-// after the build they are in, while steps 2-4 time.
+// and otherwise it waits only for builds already under way. Workers build only what step 1 will take: a
+// position below its reach, the position after the calling thread's last one plus the candidates it still needs
+// (a candidate that does not build or run moves the reach one further). Past it lie candidates that step 1
+// takes only if some before them fail; a worker that started one anyway compiled for nothing, and the search
+// waited for it at its end (on the H200, 60 of a cold MobileNetV2's 90 searches, whose first ten candidates are
+// precompiled, each waited 350-540 ms for a compilation past them: 25 s of a 48 s first step). Once enough
+// candidates are timed the workers stop after the build they are in, while steps 2-4 time.
 //
 // cuDNN's runtime compilations serialize inside one process (12 depthwise keys on an H200: 0.84x the serial
 // time on worker threads, 0.36x in 4 processes), so a worker hands its builds to a builder process of its own
@@ -164,17 +169,19 @@ BuiltPlan restored_plan(cudnnHandle_t handle, const ConvolutionKey& key, std::in
 class AheadBuilder {
  public:
   // `workers` worker threads; with `builder_processes`, each hands its builds to a builder process. `handle` is
-  // the calling thread's, which restores the prefetched plans it takes (Note [Prefetched builds]).
+  // the calling thread's, which restores the prefetched plans it takes (Note [Prefetched builds]). Step 1 times
+  // `needed` candidates: its first reach.
   AheadBuilder(cudnnHandle_t handle, std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
-               const HeuristicPlans& plans, int workers, bool builder_processes)
+               const HeuristicPlans& plans, std::size_t needed, int workers, bool builder_processes)
       : handle_(handle), graph_(std::move(graph)), listed_(graph_->get_execution_plan_count()), key_(key),
         deterministic_(deterministic), plans_(plans),
-        claimed_(new std::atomic<bool>[plans.indices.size()]()), slots_(plans.indices.size()) {
+        claimed_(new std::atomic<bool>[plans.indices.size()]()), reach_(std::min(needed, size())),
+        slots_(plans.indices.size()), used_(plans.indices.size()) {
     if (cudaGetDevice(&device_) != cudaSuccess) device_ = -1;
-    // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it,
-    // unless a prefetched build makes it.
+    // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it
+    // within the reach, unless a prefetched build makes them.
     std::int64_t ahead = 0;
-    for (std::size_t position = 1; position < size(); ++position) {
+    for (std::size_t position = 1; position < reach_; ++position) {
       if (plans.compiled[position] && !PlanPrefetcher::instance().expected(job(position))) ++ahead;
     }
     workers = std::min<int>(workers, static_cast<int>(ahead));
@@ -183,10 +190,7 @@ class AheadBuilder {
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(device_); });
   }
 
-  ~AheadBuilder() {
-    stop();
-    for (std::thread& thread : threads_) thread.join();
-  }
+  ~AheadBuilder() { finish(); }
 
   AheadBuilder(const AheadBuilder&) = delete;
   AheadBuilder& operator=(const AheadBuilder&) = delete;
@@ -198,6 +202,7 @@ class AheadBuilder {
   // order, each once, on the calling thread.
   BuiltPlan take(std::size_t position) {
     const auto started = std::chrono::steady_clock::now();
+    used_[position] = true;
     if (!claim(position)) {
       std::unique_lock lock(mutex_);
       built_.wait(lock, [&] { return slots_[position].done; });
@@ -219,16 +224,44 @@ class AheadBuilder {
     return plan;
   }
 
-  // Where the candidates take() returned came from, and what the calling thread spent on them: what the debug
-  // log's search profile reports (SearchProfile).
+  // Step 1 takes positions up to `reach` (exclusive) at least: workers may build them. It only grows.
+  void extend(std::size_t reach) {
+    {
+      std::lock_guard lock(mutex_);
+      if (reach <= reach_) return;
+      reach_ = std::min(reach, size());
+    }
+    reached_.notify_all();
+  }
+
+  // Where the candidates take() returned came from, what the calling thread spent on them, and what workers
+  // built that it never took: what the debug log's search profile reports (SearchProfile). Complete after
+  // finish().
   struct Taken {
-    int by_workers = 0, prefetched = 0, compiled_here = 0, precompiled_here = 0;
+    int by_workers = 0, prefetched = 0, compiled_here = 0, precompiled_here = 0, built_unused = 0;
     std::uint64_t waiting_us = 0, restoring_us = 0, building_us = 0;
   };
   const Taken& taken() const { return taken_; }
 
   // No more claims; workers finish the build they are in.
-  void stop() { stopped_.store(true); }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopped_.store(true);
+    }
+    reached_.notify_all();
+  }
+
+  // Stops the workers and waits for them; counts what they built that was not taken.
+  void finish() {
+    stop();
+    for (std::thread& thread : threads_) thread.join();
+    threads_.clear();
+    taken_.built_unused = 0;
+    for (std::size_t position = 0; position < size(); ++position) {
+      if (slots_[position].done && slots_[position].plan.index >= 0 && !used_[position]) ++taken_.built_unused;
+    }
+  }
 
  private:
   struct Slot {
@@ -286,7 +319,12 @@ class AheadBuilder {
         drop_failed();  // then builds in-process
       }
       std::size_t position = 0;
-      if (stopped_.load() || (position = cursor_++) >= size()) break;
+      {
+        std::unique_lock lock(mutex_);
+        reached_.wait(lock, [&] { return stopped_ || cursor_ >= size() || cursor_ < reach_; });
+        if (stopped_ || cursor_ >= size()) break;
+        position = cursor_++;
+      }
       if (!plans_.compiled[position] || !claim(position)) continue;
       BuiltPlan plan = prefetched(handle, position);
       if (!plan.graph && builder) plan = built_by(*builder, handle, position);
@@ -311,18 +349,22 @@ class AheadBuilder {
   bool builder_processes_ = false;
   const HeuristicPlans& plans_;
   std::unique_ptr<std::atomic<bool>[]> claimed_;  // per position: taken by a worker or the calling thread
-  std::atomic<std::size_t> cursor_{0};            // the next position a worker looks at
-  std::atomic<bool> stopped_{false};
+  std::atomic<bool> stopped_{false};              // set under mutex_, for reached_'s waits
   std::mutex mutex_;
+  std::size_t cursor_ = 0;  // guarded by mutex_: the next position a worker looks at
+  std::size_t reach_;       // guarded by mutex_: workers claim positions below it (extend)
+  std::condition_variable reached_;  // reach_ grew, or stopped_ was set
   std::condition_variable built_;
   std::vector<Slot> slots_;  // guarded by mutex_
+  std::vector<bool> used_;   // the calling thread's: the positions it took
   std::vector<std::thread> threads_;
   Taken taken_;  // the calling thread's
 };
 
 // Where one search's time went, logged at debug level after it (CUDNN_CACHE_LOG=debug), so that a cold start can
 // be profiled per key and per step: the step times are the calling thread's wall time, step 1's split into
-// waiting for workers' builds, building here and restoring prefetched plans (the rest of it is timing).
+// waiting for workers' builds, building here and restoring prefetched plans (the rest of it is timing), and
+// what workers built that step 1 never took (Note [Parallel candidate builds]).
 class SearchProfile {
  public:
   SearchProfile() : enabled_(Runtime::instance().logs(LogLevel::debug)) {}
@@ -335,15 +377,18 @@ class SearchProfile {
     last_ = now;
   }
 
-  void log(const ConvolutionKey& key, const AheadBuilder::Taken& taken, std::size_t timed) const {
+  void log(const ConvolutionKey& key, const HeuristicPlans& plans, const AheadBuilder::Taken& taken,
+           std::size_t timed) const {
     if (!enabled_) return;
     Runtime::instance().log(
         LogLevel::debug,
-        detail::concat("search profile: ", steps_, " ms; step 1 took ", taken.by_workers, " plans from workers (",
+        detail::concat("search profile: ", steps_, " ms; step 1's list held ", plans.indices.size(), " plans, ",
+                       std::count(plans.compiled.begin(), plans.compiled.end(), true), " runtime-compiled; it took ",
+                       taken.by_workers, " plans from workers (",
                        taken.waiting_us / 1000, " ms waiting), ", taken.prefetched, " prefetched (",
                        taken.restoring_us / 1000, " ms restoring), built ", taken.compiled_here, " compiled and ",
-                       taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ", timed,
-                       " configs timed; for ", key));
+                       taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ",
+                       taken.built_unused, " built ahead and not taken; ", timed, " configs timed; for ", key));
   }
 
  private:
@@ -404,13 +449,14 @@ class EngineSearch {
 
   // Step 1: heuristics mode A, then the fallback list, in cuDNN's order, until `max_candidates` are timed;
   // each plan name once (the lists overlap). The plans are built by `builder` (Note [Parallel candidate
-  // builds]), which the caller stops afterwards.
+  // builds]), whose reach follows what is still needed, and which the caller stops afterwards.
   void time_heuristics(AheadBuilder& builder, const HeuristicPlans& plans, int max_candidates) {
-    for (std::size_t position = 0; position < builder.size() && static_cast<int>(timed()) < max_candidates;
-         ++position) {
+    const auto needed = static_cast<std::size_t>(std::max(max_candidates, 0));
+    for (std::size_t position = 0; position < builder.size() && timed() < needed; ++position) {
       const BuiltPlan plan = builder.take(position);
       // A substitute timed meanwhile may have had this name.
       if (plan.index >= 0 && names_.insert(plans.names[position]).second) time_built(plan);
+      builder.extend(position + 1 + (needed - std::min(needed, timed())));
     }
     // Native benchmark=True times the first cudnn.benchmark_limit (options_.max_candidates, 10) of these and
     // runs the fastest: the first pass's fastest of them stands for its pick.
@@ -579,7 +625,8 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   const int threads = options.build_threads > 0 ? options.build_threads : usable_cores();
   const int workers = options.build_processes > 0 ? options.build_processes : threads - 1;
   AheadBuilder builder(handle, search.shared_graph(), key, options.deterministic, plans,
-                       std::min(workers, bounds.heuristic - 1), options.build_processes > 0);
+                       static_cast<std::size_t>(std::max(bounds.heuristic, 0)), std::min(workers, bounds.heuristic - 1),
+                       options.build_processes > 0);
   profile.lap("heuristics' list");
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
@@ -606,7 +653,9 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   // 4. The finalists, timed again side by side.
   search.confirm(bounds.finalists);
   profile.lap("confirm");
-  profile.log(key, builder.taken(), search.timed());
+  builder.finish();
+  profile.lap("workers' last builds");
+  profile.log(key, plans, builder.taken(), search.timed());
   auto [ranked, built] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize(); a restored plan is its graph's
   // only one, selected, and keeps the bytes it came from (Note [Builder processes]).
