@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -153,35 +154,77 @@ VariantPack variant_pack(const ConvolutionBuffers& buffers) {
   return {buffers.x, buffers.w, buffers.y};
 }
 
-// Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
-// Stops after 3 runs whose fastest is slower than timing.give_up_ms: such a plan cannot win.
+// Note [Giving up on a slow plan]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A search times each candidate after a warm-up (3 runs), then up to `repetitions` runs; once one candidate is
+// timed, a candidate whose first 3 timed runs are all slower than give_up_ratio x the best median cannot win
+// and stops there. The slow candidates are where a search's time goes: a depthwise key's precompiled engines run
+// for milliseconds where its best runs for tens of microseconds, and 6 runs of each (3 of warm-up, 3 timed) took
+// 200-800 ms per key, 9 s of a cold MobileNetV2's 19 s first step on the H200. So the warm-up's second run is
+// timed too (the first may load the kernel's module, CUDA loading modules lazily): a plan whose second run took
+// more than probe_ratio x give_up_ms (3x the best, by default) and more than probe_floor_ms gives up after 2 runs
+// in all, with that run as its time. The floor keeps short kernels, whose runs vary most in relative terms and
+// cost little to time, on the 3-run rule. What is given up on is ranked by what was timed; it is never a
+// finalist's time, which the paired rounds measure again.
+
+// A pair of CUDA events timing one run on a stream.
+class RunTimer {
+ public:
+  RunTimer() {
+    cudaEventCreate(&start_);
+    cudaEventCreate(&stop_);
+  }
+  ~RunTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  RunTimer(const RunTimer&) = delete;
+  RunTimer& operator=(const RunTimer&) = delete;
+
+  // Runs `run` between the two events and waits for it: its time in ms, or nothing if it failed.
+  template <typename Run>
+  std::optional<float> time(cudaStream_t stream, Run&& run) {
+    cudaEventRecord(start_, stream);
+    const bool ran = run();
+    cudaEventRecord(stop_, stream);
+    float elapsed = 0.0f;
+    if (!ran || cudaEventSynchronize(stop_) != cudaSuccess ||
+        cudaEventElapsedTime(&elapsed, start_, stop_) != cudaSuccess) {
+      return std::nullopt;
+    }
+    return elapsed;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
 std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, VariantPack& pack,
                              void* workspace, std::int64_t index, const Timing& timing) {
   cudaStream_t stream = nullptr;
   cudnnGetStream(handle, &stream);
+  const auto run = [&] {
+    return graph.execute_plan_at_index(handle, pack.data(), static_cast<int>(pack.size()), workspace, index).is_good();
+  };
+  RunTimer timer;
+  const bool probe = std::isfinite(timing.give_up_ms);
   for (int i = 0; i < timing.warmup; ++i) {
-    if (graph.execute_plan_at_index(handle, pack.data(), static_cast<int>(pack.size()), workspace, index).is_bad()) return {};
+    if (i != 1 || !probe) {
+      if (!run()) return {};
+      continue;
+    }
+    const std::optional<float> elapsed = timer.time(stream, run);
+    if (!elapsed) return {};
+    if (*elapsed > timing.probe_ratio * timing.give_up_ms && *elapsed > timing.probe_floor_ms) return {*elapsed};
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
   std::vector<float> times;
   for (int i = 0; i < timing.repetitions; ++i) {
     if (timing.flush) (*timing.flush)(stream);
-    cudaEventRecord(start, stream);
-    const bool ran = graph.execute_plan_at_index(handle, pack.data(), static_cast<int>(pack.size()), workspace, index).is_good();
-    cudaEventRecord(stop, stream);
-    float elapsed = 0.0f;
-    if (!ran || cudaEventSynchronize(stop) != cudaSuccess ||
-        cudaEventElapsedTime(&elapsed, start, stop) != cudaSuccess) {
-      times.clear();
-      break;
-    }
-    times.push_back(elapsed);
+    const std::optional<float> elapsed = timer.time(stream, run);
+    if (!elapsed) return {};
+    times.push_back(*elapsed);
     if (times.size() == 3 && *std::min_element(times.begin(), times.end()) > timing.give_up_ms) break;
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return times;
 }
 

@@ -72,10 +72,15 @@ struct Timing {
   int repetitions = 1;
   const L2Flush* flush = nullptr;  // null: not flushed (PyTorch's way)
   float give_up_ms = std::numeric_limits<float>::infinity();
+  // The warm-up's second run is timed (Note [Giving up on a slow plan]): a plan gives up there when that run
+  // took more than probe_ratio x give_up_ms and more than probe_floor_ms.
+  float probe_ratio = 2.0f;
+  float probe_floor_ms = 0.5f;
 };
 
 // Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
-// Stops after 3 runs whose fastest is slower than timing.give_up_ms: such a plan cannot win.
+// Gives up on a plan that cannot win (Note [Giving up on a slow plan]): after the warm-up's second run, or after
+// 3 runs whose fastest is slower than timing.give_up_ms; the runs timed until then are its times.
 std::vector<float> time_plan(const Graph& graph, cudnnHandle_t handle, VariantPack& pack,
                              void* workspace, std::int64_t index, const Timing& timing);
 

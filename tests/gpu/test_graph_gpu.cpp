@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cudnn_cache/graph.h"
+#include "graph_internal.h"
 #include "plan_builders.h"
 #include "plan_prefetch.h"
 #include "plan_cache.h"
@@ -910,6 +911,42 @@ TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob va
   const std::vector<EngineCandidate> all = search({});
   CHECK(all.size() >= search(only_heuristics(10)).size());
   CHECK(distinct_choices(all));
+}
+
+// Note [Giving up on a slow plan]: how many runs of a plan are timed, by what the timing asks.
+TEST_CASE("a plan slower than the give-up bound stops after the warm-up's second run, or after 3 timed runs",
+          "[gpu][graph][search]") {
+  Handle handle;
+  const Problem problem = problems()[1];
+  std::mt19937 random(17);
+  Operands operands(problem.key, random);
+  const std::shared_ptr<graph_internal::Graph> graph = graph_internal::heuristic_graph(handle.handle, problem.key, false);
+  REQUIRE(graph->build_plan_at_index(0).is_good());
+  std::int64_t bytes = 0;
+  REQUIRE(graph->get_workspace_size_plan_at_index(0, bytes).is_good());
+  const Workspace workspace = bytes > 0 ? allocate(static_cast<std::size_t>(bytes)) : Workspace();
+  graph_internal::VariantPack pack = graph_internal::variant_pack(operands.buffers());
+  const auto runs = [&](graph_internal::Timing timing) {
+    const std::vector<float> times = graph_internal::time_plan(*graph, handle.handle, pack, workspace.data(), 0, timing);
+    for (float ms : times) CHECK(ms > 0.0f);
+    return times.size();
+  };
+  constexpr float kSlower = 1e-6f;  // every run is slower than this bound
+  graph_internal::Timing timing{3, 7};
+  CHECK(runs(timing) == 7);  // no bound
+  timing.give_up_ms = 1e9f;
+  CHECK(runs(timing) == 7);  // a bound it never reaches
+  timing.give_up_ms = kSlower;
+  timing.probe_floor_ms = 0.0f;
+  CHECK(runs(timing) == 1);  // the warm-up's second run, timed, gives up
+  timing.probe_floor_ms = 1e9f;
+  CHECK(runs(timing) == 3);  // above the probe's floor only: the 3 timed runs' rule
+  timing.probe_floor_ms = 0.0f;
+  timing.warmup = 1;
+  CHECK(runs(timing) == 3);  // no second warm-up run to time
+  timing.warmup = 3;
+  timing.probe_ratio = 1e12f;
+  CHECK(runs(timing) == 3);  // not slower than probe_ratio x the bound
 }
 
 // Note [Parallel candidate builds] and Note [Builder processes]: where a plan is built changes nothing a search
