@@ -82,7 +82,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 from bench_cases import (INTERLEAVED, INTERLEAVED_NATIVE, LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS,  # noqa: E402
-                         run_case)
+                         run_case, tuning_arguments)
 from bench_plot import plot  # noqa: E402
 from bench_report import add_derived, check_targets, combine, markdown, notes  # noqa: E402
 from bench_stats import format_interval  # noqa: E402
@@ -263,18 +263,7 @@ def parse_args(argv=None):
         if mode in args.modes and "cache_cold" not in args.modes:
             parser.error(f"{mode} loads the file cache_cold writes: add cache_cold to --modes")
     args.workloads = list(dict.fromkeys(args.workloads))
-    tuning = {}
-    for item in args.tuning:
-        name, _, value = item.partition("=")
-        if not value:
-            parser.error(f"--tuning takes NAME=VALUE, got {item!r} (e.g. flush_l2=0)")
-        try:
-            tuning[name] = float(value) if name == "give_up_ratio" else int(value)
-        except ValueError:
-            parser.error(f"--tuning {name}: {value!r} is not a number")
-        if name in ("flush_l2", "exhaustive"):  # the tuning options that are flags
-            tuning[name] = bool(tuning[name])
-    args.tuning = tuning
+    args.tuning = tuning_arguments(args.tuning, parser.error)
     args.json = args.json or args.output_dir / "bench.json"
     return args
 

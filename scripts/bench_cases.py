@@ -20,6 +20,30 @@ sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the sou
 
 from bench_stats import median_interval  # noqa: E402
 
+# cudnn_cache.set_tuning_options' options that are flags, and the one that is a ratio; the rest are counts.
+TUNING_FLAGS = ("flush_l2", "exhaustive", "prefetch_backward", "rank_deterministic")
+TUNING_RATIOS = ("give_up_ratio",)
+
+
+def tuning_arguments(items: List[str], error: Callable[[str], None]) -> Dict[str, object]:
+    """The --tuning NAME=VALUE arguments of the measuring scripts, typed for cudnn_cache.set_tuning_options
+    (flags as 0 or 1); `error` (argparse's parser.error) is called with what is wrong. Unknown names are left to
+    set_tuning_options, which lists the options."""
+    tuning: Dict[str, object] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value:
+            error(f"--tuning takes NAME=VALUE, got {item!r} (e.g. flush_l2=0)")
+            continue
+        try:
+            number = float(value) if name in TUNING_RATIOS else int(value)
+        except ValueError:
+            error(f"--tuning {name}: {value!r} is not a number")
+            continue
+        tuning[name] = bool(number) if name in TUNING_FLAGS else number
+    return tuning
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """A model and its input: `model` is a torchvision name, or 'conv3d_stack' or 'seed' (defined below)."""

@@ -25,6 +25,11 @@ again by one training iteration (the backward keys' on autograd's device thread,
 'pool' dropped and built again by cudnn_cache.prepare() on its pool's handles, as in a warm process. PyTorch
 builds each plan on the handle of the thread that runs it (its plan caches are thread-local).
 
+--tuning NAME=VALUE sets cudnn_cache.set_tuning_options before the keys are tuned, as bench.py's does. With
+`--tuning max_candidates=1 mode_b_candidates=0 knob_variants=0 finalists=0` each key stores heuristics' first
+config, the plan native runs, so the cache ways run native's kernels: what is left of their difference from
+native is the cache's path, not the kernels' launch cost.
+
 --api adds, per part and way, what torch.profiler records per call in one profiled round after the timed ones:
 each operator's and each CUDA runtime or driver call's count and self CPU time, shown where a cache way's count
 differs from native's or among the largest times (a host cost inside cuDNN shows as calls native does not
@@ -32,6 +37,7 @@ make, or as the same calls taking longer).
 
     python3 scripts/eager_cost.py --plans autograd --json /tmp/eager_cost.json
     python3 scripts/eager_cost.py --api
+    python3 scripts/eager_cost.py --tuning max_candidates=1 mode_b_candidates=0 knob_variants=0 finalists=0
 
 Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code as a smoke test (intercept
 takes nothing there, and there are no plans).
@@ -42,7 +48,7 @@ import json
 import pathlib
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +57,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
 
 from bench_cases import (TRAIN_INPUT, TRAIN_WEIGHT, device_of, drop_plans, in_turn,  # noqa: E402
-                         initialise_libraries, profile_each_step, synchronize)
+                         initialise_libraries, profile_each_step, synchronize, tuning_arguments)
 from bench_stats import median_interval  # noqa: E402
 
 PARTS = ("forward", "forward_grad", "backward", "train")
@@ -141,11 +147,13 @@ def api_calls(device: torch.device, calls: int, round_of_calls: Callable[[], Non
     return events
 
 
-def measure(device: torch.device, rounds: int, calls: int, plans: str, api: bool = False) -> dict:
+def measure(device: torch.device, rounds: int, calls: int, plans: str, api: bool = False,
+            tuning: Optional[Dict[str, object]] = None) -> dict:
     import cudnn_cache
 
     torch.backends.cudnn.benchmark = False
     initialise_libraries(device, cudnn_cache)
+    cudnn_cache.set_tuning_options(**(tuning or {}))
     parts = parts_of(device, calls)
 
     def timed(part: str, way: str) -> float:
@@ -170,6 +178,7 @@ def measure(device: torch.device, rounds: int, calls: int, plans: str, api: bool
         for row in in_turn(list(times), round_index):
             times[row].append(timed(*row.split()))
     result = {"device": str(device), "rounds": rounds, "calls": calls, "plans": plans, "plans_prepared": prepared,
+              "tuning": cudnn_cache.tuning_options(),
               "input": list(TRAIN_INPUT), "weight": list(TRAIN_WEIGHT), "parts": {}, "stats": cudnn_cache.stats()}
     for part in PARTS:
         native = times[f"{part} native"]
@@ -229,6 +238,8 @@ def main(argv=None) -> int:
                         help="which handle built the plans the cache ways run (default: as the tuning left them)")
     parser.add_argument("--api", action="store_true",
                         help="also each part's operators and CUDA calls per call, from one profiled round per way")
+    parser.add_argument("--tuning", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="cudnn_cache.set_tuning_options before tuning, e.g. max_candidates=1 (see the docstring)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -237,7 +248,8 @@ def main(argv=None) -> int:
         return 2
     if args.plans != "search" and device.type != "cuda":
         parser.error(f"--plans {args.plans} needs a CUDA device: execution plans are the GPU path's")
-    result = measure(device, args.rounds, args.calls, args.plans, args.api)
+    tuning = tuning_arguments(args.tuning, parser.error)
+    result = measure(device, args.rounds, args.calls, args.plans, args.api, tuning)
     print(f"eager training path, {args.rounds} rounds of {args.calls} calls, {device}, plans: {args.plans} "
           f"({result['plans_prepared']} prepared)\n")
     print(table(result))

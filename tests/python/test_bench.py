@@ -430,11 +430,14 @@ def test_default_arguments():
 
 
 def test_tuning_arguments_are_typed_and_passed_to_each_case():
-    args = bench.parse_args(["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1", "--audit"])
-    assert args.tuning == {"flush_l2": False, "repetitions": 9, "give_up_ratio": 2.5, "exhaustive": True}
+    args = bench.parse_args(["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1",
+                             "prefetch_backward=0", "--audit"])
+    assert args.tuning == {"flush_l2": False, "repetitions": 9, "give_up_ratio": 2.5, "exhaustive": True,
+                           "prefetch_backward": False}
     assert args.audit
     command = bench.case_command("seed:cache_cold", args, None)
-    assert command[-5:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1"]
+    assert command[-6:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1",
+                            "prefetch_backward=0"]
     assert "--audit" in command
     assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
     quick = bench.parse_args(["--quick", "--steps", "20"])

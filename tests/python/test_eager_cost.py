@@ -66,3 +66,14 @@ def test_refuses_what_it_cannot_measure():
     assert done.returncode == 2 and "--rounds must be >= 6" in done.stderr
     done = run("--plans", "pool", timeout=120)
     assert done.returncode == 2 and "--plans pool needs a CUDA device" in done.stderr
+
+
+def test_tuning_options_are_set_before_the_keys_are_tuned(tmp_path):
+    output = tmp_path / "eager_cost.json"
+    done = run("--rounds", "6", "--calls", "1", "--tuning", "max_candidates=1", "finalists=0", "flush_l2=0",
+               "--json", str(output))
+    assert done.returncode == 0, done.stdout + done.stderr
+    tuning = json.loads(output.read_text())["tuning"]
+    assert (tuning["max_candidates"], tuning["finalists"], tuning["flush_l2"]) == (1, 0, False)
+    done = run("--tuning", "max_candidates=one", timeout=120)
+    assert done.returncode == 2 and "--tuning max_candidates: 'one' is not a number" in done.stderr
