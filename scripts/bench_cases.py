@@ -53,6 +53,7 @@ class Workload:
     shape: tuple  # input shape without the batch
     dtype: str
     channels_last: bool = False
+    depthwise: bool = False  # depthwise convolutions, where native heuristics itself compiles engines at run time
 
 
 WORKLOADS: Dict[str, Workload] = {
@@ -62,7 +63,7 @@ WORKLOADS: Dict[str, Workload] = {
     "resnet18_fp16_cl": Workload("ResNet-18 fp16 channels_last bs64", "resnet18", 64, (3, 224, 224), "float16",
                                  channels_last=True),
     "mobilenet_v2_bf16_cl": Workload("MobileNetV2 bf16 channels_last bs64", "mobilenet_v2", 64, (3, 224, 224),
-                                     "bfloat16", channels_last=True),
+                                     "bfloat16", channels_last=True, depthwise=True),
     "conv3d_fp32": Workload("3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2)", "conv3d_stack", 2,
                             (1, 64, 64, 64), "float32"),
     "seed": Workload("two-conv model of the seed (bs7, 32x32)", "seed", 7, (3, 32, 32), "float32"),
