@@ -5,11 +5,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -37,7 +39,12 @@ using namespace graph_internal;
 // work and stays on the calling thread, one candidate at a time. So step 1's runtime-compiled candidates
 // (heuristics mode A and the fallback list are the bulk of a search) are built ahead: workers, each on a cuDNN
 // handle of the HandlePool, claim them in cuDNN's order and build them while the calling thread times what is
-// built, in that same order. The calling thread builds every other candidate, and any compiled one no worker has
+// built, in that same order. The first candidate, heuristics' first and native's pick, the calling thread builds at
+// once, even where cuDNN compiles it (each depthwise forward key of a bf16 channels-last MobileNetV2 on the H200:
+// 400-440 ms, then 50-170 ms to time nine precompiled candidates): compiled on a worker thread while the calling
+// thread timed the others, it took 450-700 ms, and in a builder process, busy with the backward keys' prefetched
+// builds, 260-660 ms more after the others were timed, so both lost more than the overlap saved (2026-12-04).
+// The calling thread builds every other candidate, and any compiled one no worker has
 // claimed yet, itself: with no worker, or no compiled candidate after the first, the search is the serial one,
 // and otherwise it waits only for builds already under way. Workers build only what step 1 will take: a
 // position below its reach, the position after the calling thread's last one plus the candidates it still needs
@@ -66,8 +73,8 @@ using namespace graph_internal;
 // deterministic; this is a safeguard), or it could not make one, the calling thread builds the candidate in its
 // own graph. A restored plan has no engine config to read, so it is described by the calling thread's graph at
 // its position (describe_plan), and the builder's own description must agree. Plans built on pool handles run
-// on the caller's, as prepare()'s do. Mode B's picks, knob variants and substitutes are few and are built on
-// the calling thread.
+// on the caller's, as prepare()'s do. Mode B's picks (queried on a thread of their own: Note [Mode B ahead]),
+// knob variants and substitutes are few and are built on the calling thread.
 
 // A plan of some graph of the search: the graph and the plan's index in it.
 struct BuiltPlan {
@@ -361,6 +368,61 @@ class AheadBuilder {
   Taken taken_;  // the calling thread's
 };
 
+// Note [Mode B ahead]
+// ~~~~~~~~~~~~~~~~~~~
+// Step 2's query, heuristics mode B's first picks, is CPU work that does not depend on what step 1 times: an
+// operation graph of its own and mode B's model, 15-20 ms a key on the H200 (2.1 s of a cold bf16 channels-last
+// MobileNetV2's 90 searches, more than step 1 of its 60 keys without a compiled candidate). So it runs from the
+// search's start on a thread of its own, on a cuDNN handle of the HandlePool, and step 2 waits for its configs
+// (0.6 s of waiting in all there); with no thread or handle to be had, step 2 queries on the calling thread, as
+// it did. The configs are the same either way (heuristics are deterministic for a key), and are built and timed
+// on the calling thread.
+class ModeBAhead {
+ public:
+  ModeBAhead(const ConvolutionKey& key, int count) : key_(key), count_(count) {
+    int device = -1;
+    if (count <= 0 || cudaGetDevice(&device) != cudaSuccess) return;
+    try {
+      query_ = std::async(std::launch::async, [this, device] {
+        const auto started = std::chrono::steady_clock::now();
+        cudnnHandle_t handle = HandlePool::instance().take(device);
+        std::vector<EngineCandidate> configs = mode_b_configs(handle, key_, count_);
+        HandlePool::instance().give_back(device, handle);
+        query_us_ = microseconds_since(started);
+        return std::optional<std::vector<EngineCandidate>>(std::move(configs));
+      });
+    } catch (const std::system_error&) {  // no thread: step 2 queries itself
+    }
+  }
+
+  ModeBAhead(const ModeBAhead&) = delete;  // the thread holds `this`
+  ModeBAhead& operator=(const ModeBAhead&) = delete;
+
+  // Mode B's configs: the thread's, else queried now on `handle`. Called once.
+  std::vector<EngineCandidate> configs(cudnnHandle_t handle) {
+    const auto started = std::chrono::steady_clock::now();
+    std::optional<std::vector<EngineCandidate>> configs;
+    if (query_.valid()) {
+      try {
+        configs = query_.get();
+      } catch (const std::exception&) {  // no pool handle: queried here
+      }
+    }
+    waited_us_ = microseconds_since(started);
+    return configs ? std::move(*configs) : mode_b_configs(handle, key_, count_);
+  }
+
+  // For the search profile: the query's time on its thread (0 if it ran here), and the calling thread's wait.
+  std::uint64_t query_us() const { return query_us_; }
+  std::uint64_t waited_us() const { return waited_us_; }
+
+ private:
+  ConvolutionKey key_;
+  int count_;
+  std::uint64_t query_us_ = 0, waited_us_ = 0;
+  std::future<std::optional<std::vector<EngineCandidate>>> query_;  // last: its destructor waits for the thread
+};
+
 // Where one search's time went, logged at debug level after it (CUDNN_CACHE_LOG=debug), so that a cold start can
 // be profiled per key and per step: the step times are the calling thread's wall time, step 1's split into
 // waiting for workers' builds, building here and restoring prefetched plans (the rest of it is timing), and
@@ -378,7 +440,7 @@ class SearchProfile {
   }
 
   void log(const ConvolutionKey& key, const HeuristicPlans& plans, const AheadBuilder::Taken& taken,
-           std::size_t timed) const {
+           const ModeBAhead& mode_b, std::size_t timed) const {
     if (!enabled_) return;
     Runtime::instance().log(
         LogLevel::debug,
@@ -388,7 +450,9 @@ class SearchProfile {
                        taken.waiting_us / 1000, " ms waiting), ", taken.prefetched, " prefetched (",
                        taken.restoring_us / 1000, " ms restoring), built ", taken.compiled_here, " compiled and ",
                        taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ",
-                       taken.built_unused, " built ahead and not taken; ", timed, " configs timed; for ", key));
+                       taken.built_unused, " built ahead and not taken; mode B's query took ", mode_b.query_us() / 1000,
+                       " ms on its thread (", mode_b.waited_us() / 1000, " ms waiting); ", timed,
+                       " configs timed; for ", key));
   }
 
  private:
@@ -615,9 +679,10 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
   SearchProfile profile;
+  const Bounds bounds = bounds_of(options);
+  ModeBAhead mode_b(key, bounds.mode_b);  // Note [Mode B ahead]
   EngineSearch search(handle, key, buffers, allocate, options);
   Graph& graph = search.graph();
-  const Bounds bounds = bounds_of(options);
   // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
   const HeuristicPlans plans = search.heuristic_plans();
@@ -633,7 +698,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   profile.lap("step 1");
   search.time_deterministic_pick(plans);
   // 2. Mode B's first picks, where they are not among those.
-  for (const EngineCandidate& config : mode_b_configs(handle, key, bounds.mode_b)) {
+  for (const EngineCandidate& config : mode_b.configs(handle)) {
     const std::int64_t index = add_plan(graph, config);
     if (index >= 0) search.time(index);
   }
@@ -655,7 +720,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   profile.lap("confirm");
   builder.finish();
   profile.lap("workers' last builds");
-  profile.log(key, plans, builder.taken(), search.timed());
+  profile.log(key, plans, builder.taken(), mode_b, search.timed());
   auto [ranked, built] = search.ranked();
   // Building a built plan again only selects it, for execute() and serialize(); a restored plan is its graph's
   // only one, selected, and keeps the bytes it came from (Note [Builder processes]).

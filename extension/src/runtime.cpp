@@ -596,6 +596,19 @@ void Runtime::tune_direction(Backend backend, cudnnHandle_t handle, int device, 
   }
 }
 
+// Note [Prepare's threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Each of prepare()'s threads builds with a cuDNN handle of its own, and in a warm process (prepare's purpose)
+// none exists yet: making one takes 16-23 ms on an H200, and the threads' plan builds contend inside cuDNN.
+// Measured there (scripts/prepare_cost.py, 2026-12-04): 21 entries of the 3-D stack took 128 ms on one thread,
+// 132 ms on two and 213 ms on eight; MobileNetV2's 90 took 701 ms on one and 339 ms on eight. So a thread is
+// started per 16 entries, up to the usable cores and at most 8.
+int default_prepare_threads(std::size_t entries) {
+  constexpr std::size_t kEntriesPerThread = 16;
+  const auto wanted = static_cast<int>(std::min<std::size_t>((entries + kEntriesPerThread - 1) / kEntriesPerThread, 8));
+  return std::max(1, std::min(usable_cores(), wanted));
+}
+
 PrepareReport Runtime::prepare(int device, int threads) {
   const auto started = std::chrono::steady_clock::now();
   DirectionCaches& caches = caches_for_device(device);
@@ -607,7 +620,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
   });
   PrepareReport report;
   report.entries = work.size();
-  if (threads <= 0) threads = std::min(usable_cores(), 8);
+  if (threads <= 0) threads = default_prepare_threads(work.size());
   threads = static_cast<int>(std::min<std::size_t>(threads, work.size()));
 
   const std::uint64_t limit = workspace_limit();

@@ -59,6 +59,15 @@ TEST_CASE("usable cores follow the process's CPU affinity, as taskset or a conta
   CHECK(narrowed == 1);
 }
 
+TEST_CASE("prepare's default threads: one per 16 entries, up to the usable cores and 8", "[runtime]") {
+  const int cores = usable_cores();
+  CHECK(default_prepare_threads(0) == 1);
+  CHECK(default_prepare_threads(16) == 1);
+  CHECK(default_prepare_threads(17) == std::min(cores, 2));
+  CHECK(default_prepare_threads(90) == std::min(cores, 6));
+  CHECK(default_prepare_threads(10'000) == std::min(cores, 8));
+}
+
 TEST_CASE("log levels parse, gate messages, and reach the handler", "[runtime][log]") {
   CHECK(log_level_from_string("debug") == LogLevel::debug);
   CHECK(log_level_from_string("info") == LogLevel::info);

@@ -850,6 +850,9 @@ def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
     assert len(profiles) == 1, lines
     assert all(part in profiles[0] for part in (", step 1 ", ", confirm ", " configs timed; for forward: x float")), \
         profiles
+    # Note [Mode B ahead]: mode B's query ran on a thread of its own (a query takes milliseconds).
+    query_ms = int(profiles[0].split("mode B's query took ")[1].split(" ms on its thread")[0])
+    assert query_ms > 0, profiles
 
 
 REACH_SCRIPT = r"""
@@ -879,6 +882,7 @@ def test_search_workers_build_only_what_step_1_takes(child_env):
     profiles = [line for line in result.stderr.splitlines() if line.startswith("cudnn_cache [debug] search profile: ")]
     assert len(profiles) == 9, result.stderr
     passed_over = 0  # searches whose list had runtime-compiled candidates that step 1 did not take
+    first_here = 0  # depthwise forward searches that built their compiled first candidate on the calling thread
     for line in profiles:
         listed = int(line.split(" runtime-compiled; ")[0].rsplit(" ", 1)[1])
         taken = line.split(" runtime-compiled; it took ")[1]
@@ -887,7 +891,12 @@ def test_search_workers_build_only_what_step_1_takes(child_env):
         here = int(taken.split(" compiled and ")[0].rsplit(" ", 1)[1])
         passed_over += listed > by_workers + prefetched + here
         assert "; 0 built ahead and not taken; " in line, line
+        if "; for forward: " in line and " groups 1 " not in line:
+            first_here += by_workers == 0 and here == 1
     assert passed_over > 0, profiles  # else no worker could have built past the reach, and this tested nothing
+    # Their first candidate is runtime-compiled; the calling thread compiles it (Note [Parallel candidate builds]:
+    # a worker thread of this process compiled it more slowly).
+    assert first_here == 2, profiles
 
 
 # --- A file from another cuDNN (issue 8: edit the version in the file) -----------------------------------------

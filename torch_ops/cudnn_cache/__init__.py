@@ -332,9 +332,9 @@ class Preparation:
 
 def prepare(device: Optional[int] = None, threads: int = 0, background: bool = False):
     """Builds the execution plan of every loaded graph-API entry of `device` (default: the current CUDA device)
-    now, on `threads` threads (0: one per core this process may run on, at most 8), so the first step builds
-    nothing. Returns the number of plans ready, or with background=True a Preparation at once. Call it after
-    load()."""
+    now, on `threads` threads (0: one per 16 entries, up to the cores this process may run on and at most 8:
+    each thread makes a cuDNN handle first), so the first step builds nothing. Returns the number of plans
+    ready, or with background=True a Preparation at once. Call it after load()."""
     if background:
         _ops.prepare(device, threads, True)
         logger.info("prepare started in the background")

@@ -246,6 +246,10 @@ int usable_cores();
 // GraphSearchOptions::build_processes by default: usable_cores() - 1, at most 8.
 int default_build_processes();
 
+// prepare()'s threads by default for `entries` entries: one per 16 entries, up to usable_cores() and at most 8
+// (Note [Prepare's threads] in runtime.cpp).
+int default_prepare_threads(std::size_t entries);
+
 // How the graph API's search times candidates; see Note [Engine configs].
 struct GraphSearchOptions {
   int warmup = 3;              // untimed runs of each candidate before its timed runs
@@ -405,7 +409,7 @@ class Runtime {
 
   // Puts a plan for every graph-API entry of CUDA device `device` into the plan cache, so first calls build
   // nothing: the plan of the first engine config of its ranking that cuDNN builds (a refusal is remembered
-  // and its call falls back at once). Builds on `threads` threads (0: usable_cores(), at most 8), each with
+  // and its call falls back at once). Builds on `threads` threads (0: default_prepare_threads), each with
   // its own cuDNN handle; the plan cache is shared, so calls may run meanwhile. Throws Error if no cuDNN
   // handle can be made for the device.
   PrepareReport prepare(int device, int threads = 0);
