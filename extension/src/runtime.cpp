@@ -599,7 +599,7 @@ void Runtime::tune_direction(Backend backend, cudnnHandle_t handle, int device, 
 // Note [Prepare's threads]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // Each of prepare()'s threads builds with a cuDNN handle of its own, and in a warm process (prepare's purpose)
-// none exists yet: making one takes 16-23 ms on an H200, and the threads' plan builds contend inside cuDNN.
+// none exists yet: making one takes 11-20 ms on an H200, and the threads' plan builds contend inside cuDNN.
 // Measured there (scripts/prepare_cost.py, 2026-12-04): 21 entries of the 3-D stack took 128 ms on one thread,
 // 132 ms on two and 213 ms on eight; MobileNetV2's 90 took 701 ms on one and 339 ms on eight. So a thread is
 // started per 16 entries, up to the usable cores and at most 8.
