@@ -56,6 +56,7 @@ Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
     python3 scripts/bench.py --quick                           # 20 steps, seed, ResNet-18, MobileNetV2, overhead
     python3 scripts/bench.py --workloads resnet18_fp16_cl seed --modes native_heuristic cache_cold cache_warm
     python3 scripts/bench.py --backend legacy --steps 50 --timeout 300 --output-dir /tmp/bench
+    python3 scripts/bench.py --workloads mobilenet_v2_bf16_cl --modes native_heuristic cache_cold --rounds 3
 
 Writes <output-dir>/bench.json (environment, settings, every raw per-case result, the targets; --json to move
 it), <output-dir>/bench.md (the tables, also printed) and <output-dir>/bench.png (needs matplotlib; skipped
@@ -85,7 +86,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 from bench_cases import (INTERLEAVED, INTERLEAVED_NATIVE, LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS,  # noqa: E402
                          run_case, tuning_arguments)
 from bench_plot import plot  # noqa: E402
-from bench_report import add_derived, check_targets, combine, markdown, notes  # noqa: E402
+from bench_report import add_derived, check_targets, combine, markdown, merge_rounds, notes  # noqa: E402
 from bench_stats import format_interval  # noqa: E402
 
 QUICK_WORKLOADS = ("seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", OVERHEAD)  # what --quick runs
@@ -147,20 +148,23 @@ def describe(result: dict) -> str:
 
 def run_all(args) -> dict:
     """Runs every selected case in its own process, in order (cache_warm after cache_cold of its workload, the
-    interleaved cases after both)."""
+    interleaved cases after both); with --rounds N, a workload's modes N times in turn, merged into one case per
+    mode (merge_rounds)."""
     plan = []
     for workload in args.workloads:
         if workload != OVERHEAD:
-            plan += [(workload, mode) for mode in MODES if mode in args.modes]
+            plan += [(workload, mode) for _ in range(args.rounds) for mode in MODES if mode in args.modes]
             if args.interleaved and "cache_cold" in args.modes:
                 plan += [(workload, f"{INTERLEAVED}:{native}") for native in INTERLEAVED_NATIVE]
     if OVERHEAD in args.workloads:
         plan.append((OVERHEAD, None))
-    cases, interleaved, overhead = [], [], None
+    rounds, interleaved, overhead = {}, [], None  # rounds: (workload, mode) -> its rounds' results
     with tempfile.TemporaryDirectory(prefix="cudnn_cache_bench_") as folder:
         for index, (workload, mode) in enumerate(plan, 1):
             name = workload if mode is None else f"{workload}:{mode}"
             cache_file = pathlib.Path(folder) / f"{workload}.cache" if mode else None
+            if mode == "cache_cold":  # a round's warm cases load the file of that round's cold case, or none
+                cache_file.unlink(missing_ok=True)
             if mode is not None and (mode in LOADS_COLD_FILE or mode.startswith(INTERLEAVED)) and not cache_file.exists():
                 result = {"error": "skipped: cache_cold of this workload wrote no cache file"}
             else:
@@ -173,9 +177,10 @@ def run_all(args) -> dict:
                 interleaved.append(result)
             else:
                 result.setdefault("mode", mode)
-                cases.append(result)
+                rounds.setdefault((workload, mode), []).append(result)
             print(f"[{index}/{len(plan)}] {name}: {describe(result)}", flush=True)
-    return {"cases": cases, "interleaved": interleaved, "overhead": overhead}
+    return {"cases": [merge_rounds(results) for results in rounds.values()], "interleaved": interleaved,
+            "overhead": overhead}
 
 
 def environment(device: str) -> dict:
@@ -241,6 +246,10 @@ def parse_args(argv=None):
     parser.add_argument("--output-dir", type=pathlib.Path, default=ROOT / "docs",
                         help="where bench.md and bench.png go (default: docs/ of the repository)")
     parser.add_argument("--json", type=pathlib.Path, help="the JSON report (default: OUTPUT_DIR/bench.json)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each workload's modes this many times in turn, each case a fresh process every "
+                             "time; first steps, start-up and tuning are reported as medians over the rounds, "
+                             "with their range (default 1)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case process (default 180)")
     # Internal: --case runs one case in this process (WORKLOAD:MODE or 'overhead') and prints one JSON line;
     # --device cpu runs everything on the CPU, to test the plumbing without a GPU.
@@ -258,8 +267,8 @@ def parse_args(argv=None):
     if args.steps < least:
         parser.error(f"--steps must be >= {least}{' with --quick' if args.quick else ''} (every figure is a median "
                      "with its 95% interval over them)")
-    if args.warmup < 0 or args.timeout <= 0:
-        parser.error("--warmup must be >= 0 and --timeout > 0")
+    if args.warmup < 0 or args.timeout <= 0 or args.rounds < 1:
+        parser.error("--warmup must be >= 0, --timeout > 0 and --rounds >= 1")
     for mode in LOADS_COLD_FILE:
         if mode in args.modes and "cache_cold" not in args.modes:
             parser.error(f"{mode} loads the file cache_cold writes: add cache_cold to --modes")
@@ -284,7 +293,8 @@ def main(argv=None) -> int:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
                 "audit": args.audit, "interleaved": args.interleaved, "tuning": args.tuning,
-                "steps": args.steps, "warmup": args.warmup, "timeout_s": args.timeout, "device": args.device}
+                "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,
+                "device": args.device}
     report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings)}
     report.update(run_all(args))
     print()

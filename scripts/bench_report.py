@@ -4,10 +4,11 @@ the JSON reports of several runs."""
 import json
 import math
 import pathlib
+import statistics
 from typing import Dict, List, Optional, Tuple
 
 from bench_cases import AUDIT_NOISE, INTERLEAVED_NATIVE, OVERHEAD, OVERHEAD_LABELS, WORKLOADS
-from bench_stats import format_interval, intervals_overlap
+from bench_stats import format_interval, intervals_overlap, median_interval
 
 # The targets (see check_targets).
 TARGET_WARM_START_S = 0.3          # load + prepare + first step of cache_warm
@@ -50,6 +51,39 @@ def wall_loss(figure: Optional[dict], reference: Optional[dict]) -> Optional[boo
     if figure is None or reference is None:
         return None
     return figure["median"] > reference["median"] and not intervals_overlap(figure, reference)
+
+
+# What a case process measures once (its first step, its start-up and its tuning): with --rounds, the median over
+# the rounds' processes stands for the case, and each round's value is kept.
+ONCE_PER_PROCESS = ("first_s", "load_s", "prepare_s", "warm_start_s", "save_s", "tune_s", "plan_build_s",
+                    "tuning_estimate_s", "process_s")
+
+
+def merge_rounds(rounds: List[dict]) -> dict:
+    """One case of a workload and mode from its rounds' results (--rounds; each round a fresh process, the rounds
+    of a workload's modes taken in turn): the first round's result, with each once-per-process figure the median
+    over the rounds (their values in `rounds`, the first step's lowest and highest in `first_s_range`) and the
+    steady clocks over every round's steps. A round that failed makes the case failed, naming the round."""
+    if len(rounds) == 1:
+        return rounds[0]
+    for number, result in enumerate(rounds, 1):
+        if "error" in result:
+            return dict(result, error=f"round {number} of {len(rounds)}: {result['error']}")
+    case = dict(rounds[0])
+    case["rounds"] = [{key: result.get(key) for key in ONCE_PER_PROCESS if key in result} for result in rounds]
+    for key in ONCE_PER_PROCESS:
+        values = [result.get(key) for result in rounds]
+        if key in case and None not in values:
+            case[key] = statistics.median(values)
+    firsts = [result["first_s"] for result in rounds]
+    case["first_s_range"] = [min(firsts), max(firsts)]
+    case["steps_ms"] = [step for result in rounds for step in result["steps_ms"]]
+    case["wall_ms"] = median_interval(case["steps_ms"])
+    case["steady_ms"] = case["wall_ms"]["median"]
+    if all(result.get("gpu_steps_ms") is not None for result in rounds):
+        case["gpu_steps_ms"] = [step for result in rounds for step in result["gpu_steps_ms"]]
+        case["gpu_ms"] = median_interval(case["gpu_steps_ms"])
+    return case
 
 
 def add_derived(cases: List[dict]) -> None:
@@ -246,7 +280,10 @@ def start_row(case: dict) -> List[str]:
     prepare = "-"
     if case.get("prepare_s") is not None:
         prepare = f"{1e3 * case['prepare_s']:.1f} ms ({case['prepared_plans']})"
-    return [workload_label(case["workload"]), case["mode"], number(case["first_s"], ".2f", " s"),
+    first = number(case["first_s"], ".2f", " s")
+    if "first_s_range" in case:  # --rounds: the median, and the lowest and highest round
+        first += f" ({case['first_s_range'][0]:.2f}-{case['first_s_range'][1]:.2f}, {len(case['rounds'])} rounds)"
+    return [workload_label(case["workload"]), case["mode"], first,
             number(derived["first_vs_native_heuristic_first"], ".2f"), tuning, number(case.get("tune_s"), ".2f", " s"),
             number(case.get("plan_build_s"), ".3f", " s"), load, prepare, number(case.get("warm_start_s"), ".2f", " s"),
             number(derived["warm_start_vs_native_heuristic_first"], ".2f")]
@@ -431,6 +468,13 @@ def notes(settings: dict) -> List[str]:
         "from the file instead of built), plan_rebuilds (stored plans that could not be used and were rebuilt), "
         "plan_evictions (plans the plan cache's bound dropped).",
     ]
+    if settings.get("rounds", 1) > 1:
+        lines.append(f"rounds: each workload's modes ran {settings['rounds']} times in turn, each case a fresh process "
+                     "every time (a round's cache_warm loads the file its own cache_cold saved). The figures each "
+                     "process measures once (first step, load, prepare, warm start, tuning) are medians over the "
+                     "rounds, with the first step's lowest and highest in parentheses; the targets judge the "
+                     "medians. The steady clocks are taken over every round's steps; the counters are the first "
+                     "round's.")
     if settings["device"] == "cpu":
         lines.append("--device cpu: no cuDNN, so prepare() is not called: prepare_s and prepared_plans are null, "
                      "and warm start counts prepare as 0 s.")

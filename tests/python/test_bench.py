@@ -356,6 +356,54 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     assert bench.run_all(args)["interleaved"] == [] and not any("interleaved" in c for c in commands)
 
 
+def test_rounds_run_each_workloads_modes_in_turn_and_report_medians_with_their_range(monkeypatch):
+    commands = []
+    # Each case's first step: native heuristics, cache_cold and cache_warm, in rounds 1, 2 and 3.
+    firsts = iter([12.0, 15.0, 0.5,
+                   20.0, 11.0, 0.4,
+                   25.0, 14.0, 0.6])
+
+    def fake(command, timeout):
+        case = command[command.index("--case") + 1]
+        commands.append(case)
+        workload, mode = case.split(":")
+        if mode == "cache_cold":
+            pathlib.Path(command[command.index("--cache-file") + 1]).write_bytes(b"cache")
+        first = next(firsts)
+        steps = [first + step / 100 for step in range(10)]
+        result = {"workload": workload, "mode": mode, "first_s": first, "steps_ms": steps,
+                  "wall_ms": bench_stats.median_interval(steps), "gpu_steps_ms": None, "gpu_ms": None,
+                  "stats": {"tunes": len(commands)}}
+        if mode == "cache_warm":
+            result.update(load_s=0.01, prepare_s=0.1, warm_start_s=0.11 + first)
+            assert pathlib.Path(command[command.index("--cache-file") + 1]).exists()
+        return result
+
+    monkeypatch.setattr(bench, "run_subprocess", fake)
+    args = bench.parse_args(["--workloads", "seed", "--modes", "native_heuristic", "cache_cold", "cache_warm",
+                             "--no-interleaved", "--rounds", "3", "--device", "cpu"])
+    results = bench.run_all(args)
+    assert commands == ["seed:native_heuristic", "seed:cache_cold", "seed:cache_warm"] * 3
+    heuristic, cold, warm = results["cases"]
+    assert heuristic["first_s"] == 20.0 and heuristic["first_s_range"] == [12.0, 25.0]
+    assert [r["first_s"] for r in heuristic["rounds"]] == [12.0, 20.0, 25.0]
+    assert cold["first_s"] == 14.0 and cold["first_s_range"] == [11.0, 15.0]
+    assert warm["first_s"] == 0.5 and warm["warm_start_s"] == pytest.approx(0.61) and len(warm["rounds"]) == 3
+    assert warm["steps_ms"] == [first + step / 100 for first in (0.5, 0.4, 0.6) for step in range(10)]
+    assert warm["wall_ms"] == bench_stats.median_interval(warm["steps_ms"]) and warm["gpu_ms"] is None
+    assert cold["stats"] == {"tunes": 2}  # the first round's counters (this fake counts the cases run so far)
+    bench_report.add_derived(results["cases"])
+    rows = bench_report.start_row(cold)
+    assert rows[2] == "14.00 s (11.00-15.00, 3 rounds)"
+
+
+def test_a_failed_round_fails_its_case_and_names_the_round():
+    ok = {"workload": "seed", "mode": "cache_cold", "first_s": 1.0, "steps_ms": [1.0]}
+    merged = bench_report.merge_rounds([ok, {"error": "exit code 1: boom", "workload": "seed", "mode": "cache_cold"}])
+    assert merged["error"] == "round 2 of 2: exit code 1: boom"
+    assert bench_report.merge_rounds([ok]) is ok  # one round: the result as it is
+
+
 def run_script(*args, env=None):
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=300)
@@ -427,7 +475,7 @@ def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("arguments", [["--steps", "10"], ["--steps", "29"], ["--quick", "--steps", "19"], ["--modes", "cache_warm"],
                                        ["--workloads", "vgg"], ["--timeout", "0"], ["--backend", "cudnn"],
-                                       ["--tuning", "flush_l2"], ["--tuning", "repetitions=many"]])
+                                       ["--tuning", "flush_l2"], ["--tuning", "repetitions=many"], ["--rounds", "0"]])
 def test_bad_arguments_exit_2(arguments):
     with pytest.raises(SystemExit) as raised:
         bench.parse_args(arguments)
