@@ -28,7 +28,8 @@ A training step is model.zero_grad(set_to_none=True), forward, loss = output.flo
 optimizer step; the same in every mode), with the input requiring grad, as in the baseline measurement
 (../shared/context/baseline_autotune.py, results in ../shared/context/MEASURED.md). Before the first step each
 process initialises CUDA, cuBLAS and cuDNN on an unrelated tiny convolution, so the first step measures
-tuning and per-shape set-up only. Per case it reports the first step (s, synchronized), the wall-clock time of
+tuning and per-shape set-up only. Per case it reports the first step (s, synchronized) and the second (the
+first warm-up step, timed alone: first minus second is what only a first step pays), the wall-clock time of
 --steps steady steps after --warmup steps (ms, synchronized per step) and the GPU time of --steps more steps
 (torch.profiler, each step on its own), each as a median with its 95% interval (bench_stats.py), the tuning
 estimate (first step minus the median steady step), the cache load and prepare times, and the cache counters

@@ -55,7 +55,7 @@ def wall_loss(figure: Optional[dict], reference: Optional[dict]) -> Optional[boo
 
 # What a case process measures once (its first step, its start-up and its tuning): with --rounds, the median over
 # the rounds' processes stands for the case, and each round's value is kept.
-ONCE_PER_PROCESS = ("first_s", "load_s", "prepare_s", "warm_start_s", "save_s", "tune_s", "plan_build_s",
+ONCE_PER_PROCESS = ("first_s", "second_s", "load_s", "prepare_s", "warm_start_s", "save_s", "tune_s", "plan_build_s",
                     "tuning_estimate_s", "process_s")
 
 
@@ -254,7 +254,7 @@ def workload_label(workload: str) -> str:
     return WORKLOADS[workload].label if workload in WORKLOADS else workload
 
 
-START_COLUMNS = ["workload", "mode", "first step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
+START_COLUMNS = ["workload", "mode", "first step", "second step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
                  "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
 STEADY_COLUMNS = ["workload", "mode", "wall step, median [95% CI]", "GPU time per step, median [95% CI]",
                   "wall ÷ bench", "wall ÷ better native", "GPU ÷ better native",
@@ -283,7 +283,7 @@ def start_row(case: dict) -> List[str]:
     first = number(case["first_s"], ".2f", " s")
     if "first_s_range" in case:  # --rounds: the median, and the lowest and highest round
         first += f" ({case['first_s_range'][0]:.2f}-{case['first_s_range'][1]:.2f}, {len(case['rounds'])} rounds)"
-    return [workload_label(case["workload"]), case["mode"], first,
+    return [workload_label(case["workload"]), case["mode"], first, number(case.get("second_s"), ".3f", " s"),
             number(derived["first_vs_native_heuristic_first"], ".2f"), tuning, number(case.get("tune_s"), ".2f", " s"),
             number(case.get("plan_build_s"), ".3f", " s"), load, prepare, number(case.get("warm_start_s"), ".2f", " s"),
             number(derived["warm_start_vs_native_heuristic_first"], ".2f")]
@@ -435,7 +435,9 @@ def notes(settings: dict) -> List[str]:
         "A training step: zero_grad(set_to_none=True), forward, loss = output.float().sum(), backward; no optimizer "
         "step. The input requires grad. The same in every mode.",
         "first step: wall time of the first training step, synchronized, after CUDA, cuBLAS and cuDNN were set up "
-        f"on an unrelated tiny convolution. wall step (wall_ms; steady_ms is its median): {settings['steps']} steps, "
+        "on an unrelated tiny convolution; second step: the next one, the first warm-up step, timed alone (first "
+        "minus second is what only a first step pays: tuning, plan builds, and PyTorch's own first-use costs such "
+        f"as loading kernels and growing the allocator's pool). wall step (wall_ms; steady_ms is its median): {settings['steps']} steps, "
         f"synchronized per step, after {settings['warmup']} warm-up steps. GPU time per step (gpu_ms): the kernel "
         f"and copy time torch.profiler records in each of {settings['steps']} more steps, each step profiled on "
         "its own (an untraced step between two traced ones); a wall step well above it is host time the GPU "

@@ -172,9 +172,9 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
         assert len(rows) == 2 + 24 and len(rows[0]) == len(columns)
         assert all(len(row) == len(columns) for row in rows), f"{title}: every row has as many cells as the header"
     start, steady = section(markdown, "First step and start-up"), section(markdown, "Steady state")
-    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | 0.41 | - | 0.00 s | 0.200 s | "
+    assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | - | 0.41 | - | 0.00 s | 0.200 s | "
             "1.2 ms (159 entries) | 250.0 ms (100) | 0.55 s | 0.74 |") in start
-    assert "| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | 25.00 | 4.90 s (159) | 4.20 s |" in start
+    assert "| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | - | 25.00 | 4.90 s (159) | 4.20 s |" in start
     # wall and GPU time side by side as median [lo, hi]; the wall ratio (flagged) next to the GPU ratio
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 [34.03, 34.72] ms | 24.06 [23.82, 24.30] ms | "
             "1.42 | 1.42 loss | 1.24 | 600 / 0 / 0 / 0 / 0 | 100 / 0 / 0 / 0 |") in steady
@@ -297,7 +297,7 @@ def test_derived_columns_without_native_cases(tmp_path):
     markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
     warm = next(c for c in report["cases"] if c["mode"] == "cache_warm" and "error" not in c)
     assert set(warm["derived"].values()) == {None}
-    assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | 0.00 s | 0.200 s | 1.2 ms" in markdown
+    assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | - | 0.00 s | 0.200 s | 1.2 ms" in markdown
     assert ("| ResNet-50 fp32 bs32 | cache_warm | 31.12 [30.81, 31.44] ms | 21.79 [21.57, 22.01] ms | - | - | - |"
             in markdown)
     assert "Host overhead" not in markdown
@@ -574,6 +574,7 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     for case in data["cases"]:
         assert "error" not in case, case
         assert len(case["steps_ms"]) == 20 and case["convolutions"] == 2 and case["first_s"] > 0
+        assert case["second_s"] > 0  # the one warm-up step, timed alone
         wall = case["wall_ms"]  # the JSON schema: every case's clocks, each a median with its interval
         assert set(wall) == {"median", "lo", "hi", "n"} and wall["n"] == 20
         assert wall["lo"] <= wall["median"] == case["steady_ms"] <= wall["hi"]
