@@ -254,8 +254,8 @@ def workload_label(workload: str) -> str:
     return WORKLOADS[workload].label if workload in WORKLOADS else workload
 
 
-START_COLUMNS = ["workload", "mode", "first step", "second step", "first ÷ heuristic first", "tuning est. (tunes)", "tune time",
-                 "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
+START_COLUMNS = ["workload", "mode", "first step", "second step", "first ÷ heuristic first", "tuning est. (tunes)",
+                 "tune time", "plan build", "load", "prepare (plans)", "warm start", "warm start ÷ heuristic first"]
 STEADY_COLUMNS = ["workload", "mode", "wall step, median [95% CI]", "GPU time per step, median [95% CI]",
                   "wall ÷ bench", "wall ÷ better native", "GPU ÷ better native",
                   "hits / misses / tunes / tune waits / fallbacks", "plans built / deserialized / rebuilt / evicted"]
@@ -437,7 +437,8 @@ def notes(settings: dict) -> List[str]:
         "first step: wall time of the first training step, synchronized, after CUDA, cuBLAS and cuDNN were set up "
         "on an unrelated tiny convolution; second step: the next one, the first warm-up step, timed alone (first "
         "minus second is what only a first step pays: tuning, plan builds, and PyTorch's own first-use costs such "
-        f"as loading kernels and growing the allocator's pool). wall step (wall_ms; steady_ms is its median): {settings['steps']} steps, "
+        "as loading kernels and growing the allocator's pool). wall step (wall_ms; steady_ms is its median): "
+        f"{settings['steps']} steps, "
         f"synchronized per step, after {settings['warmup']} warm-up steps. GPU time per step (gpu_ms): the kernel "
         f"and copy time torch.profiler records in each of {settings['steps']} more steps, each step profiled on "
         "its own (an untraced step between two traced ones); a wall step well above it is host time the GPU "

@@ -174,7 +174,8 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     start, steady = section(markdown, "First step and start-up"), section(markdown, "Steady state")
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | - | 0.41 | - | 0.00 s | 0.200 s | "
             "1.2 ms (159 entries) | 250.0 ms (100) | 0.55 s | 0.74 |") in start
-    assert "| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | - | 25.00 | 4.90 s (159) | 4.20 s |" in start
+    assert ("| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | - | 25.00 | 4.90 s (159) | 4.20 s |"
+            in start)
     # wall and GPU time side by side as median [lo, hi]; the wall ratio (flagged) next to the GPU ratio
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 [34.03, 34.72] ms | 24.06 [23.82, 24.30] ms | "
             "1.42 | 1.42 loss | 1.24 | 600 / 0 / 0 / 0 / 0 | 100 / 0 / 0 / 0 |") in steady
