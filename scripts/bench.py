@@ -126,6 +126,8 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         command += ["--cache-file", str(cache_file)]
     if args.audit:
         command.append("--audit")
+    if args.profile_first:
+        command.append("--profile-first")
     if args.quick:
         command.append("--quick")  # which allows fewer --steps
     command += ["--tuning", *(f"{name}={int(value) if isinstance(value, bool) else value}"
@@ -251,6 +253,9 @@ def parse_args(argv=None):
                         help="run each workload's modes this many times in turn, each case a fresh process every "
                              "time; first steps, start-up and tuning are reported as medians over the rounds, "
                              "with their range (default 1)")
+    parser.add_argument("--profile-first", action="store_true",
+                        help="profile each training case's first step with torch.profiler (which slows it): the "
+                             "operators and CUDA calls that take its host time, in the JSON as first_step_profile")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case process (default 180)")
     # Internal: --case runs one case in this process (WORKLOAD:MODE or 'overhead') and prints one JSON line;
     # --device cpu runs everything on the CPU, to test the plumbing without a GPU.

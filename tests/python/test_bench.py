@@ -676,6 +676,19 @@ def test_a_wall_clock_loss_needs_intervals_apart():
     assert bench_report.better_native(ok, "other", "wall_ms") is None
 
 
+def test_first_step_profiled_on_the_cpu(tmp_path):
+    done = run_script("--device", "cpu", "--workloads", "seed", "--modes", "native_heuristic", "native_benchmark",
+                      "--no-interleaved", "--quick", "--steps", "20", "--warmup", "1", "--profile-first",
+                      "--output-dir", tmp_path, "--json", tmp_path / "raw.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for case in json.loads((tmp_path / "raw.json").read_text())["cases"]:
+        rows = case["first_step_profile"]
+        assert 0 < len(rows) <= bench_cases.FIRST_STEP_ROWS
+        assert [r["self_ms"] for r in rows] == sorted((r["self_ms"] for r in rows), reverse=True)
+        assert any(r["name"] == "aten::convolution" for r in rows), [r["name"] for r in rows]
+        assert all(r["calls"] >= 1 and r["total_ms"] >= r["self_ms"] >= 0 for r in rows)
+
+
 def test_each_step_profiled_on_its_own_on_the_cpu():
     import torch
     from torch.profiler import ProfilerActivity
