@@ -87,7 +87,7 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
     for (Contender& contender : contenders) {
       void* workspace = contender.workspace.data();
       const std::vector<float> times = time_plan(*graph, handle, pack, workspace, contender.index,
-                                                 Timing{round == 0 ? options.warmup : 0, 1, &flush});
+                                                 round_timing(round, options.warmup, flush));
       CUDNN_CACHE_REQUIRE(!times.empty(), "cuDNN graph API: ", to_string(*contender.config),
                           " failed to run while auditing ", key);
       contender.times.push_back(times.front());

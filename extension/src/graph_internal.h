@@ -76,7 +76,29 @@ struct Timing {
   // took more than probe_ratio x give_up_ms and more than probe_floor_ms.
   float probe_ratio = 2.0f;
   float probe_floor_ms = 0.5f;
+  // Each timed run starts on an idle stream (Note [Paired rounds time the whole call]).
+  bool from_idle = false;
 };
+
+// Note [Paired rounds time the whole call]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A search's first pass times GPU time only: the L2 flush before each run is still running while the host
+// prepares and launches the plan's kernels, so the start event hides that host work. Configs of one key differ
+// in it (a split or runtime-compiled config launches more kernels, or does more before its first), and where a
+// key's kernels take a few microseconds, that is what a step pays: on an H200 (2026-12-05) a 16 -> 16 3x3
+// convolution, batch 8, trained under intercept with the search's choices took +14.2 us per iteration over
+// native heuristics, and +5.7 us with heuristics' first config stored for every key (the same path; native's
+// kernels), so the choices' kernels, faster on the GPU, cost more on the wall clock. The paired rounds that
+// decide between a challenger and native's picks (the search's and the audit's) therefore drain the stream
+// before each timed run: the start event is recorded on an idle GPU, and the time is the call as a step that
+// waits for it sees it: the host's part (preparing, launching, any gap between kernels) and the GPU's. A
+// challenger leads only where it is faster that way; on a GPU-bound key the host's part is about the same for
+// every config and the comparison is the GPU's, as before.
+inline Timing round_timing(int round, int warmup, const L2Flush& flush) {
+  Timing timing{round == 0 ? warmup : 0, 1, &flush};
+  timing.from_idle = true;
+  return timing;
+}
 
 // Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.
 // Gives up on a plan that cannot win (Note [Giving up on a slow plan]): after the warm-up's second run, or after

@@ -616,7 +616,7 @@ class EngineSearch {
       for (std::size_t f = 0; f < finalists.size(); ++f) {
         const BuiltPlan& plan = plans_[finalists[f]];
         const std::vector<float> run = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index,
-                                                 Timing{round == 0 ? options_.warmup : 0, 1, &flush_});
+                                                 round_timing(round, options_.warmup, flush_));
         if (run.empty()) return;  // it ran before; if it fails now, keep what was measured then
         times[f].push_back(run.front());
       }

@@ -19,6 +19,8 @@
 // first. So a stored choice is not slower than native's by chance, and near-ties between a challenger and
 // native resolve to native's pick in every run and on every rank. Configs that were not in the rounds (slower in
 // the first pass) have no paired evidence either, and go behind the reference too.
+// Each round times a call from an idle stream, the host's part with the GPU's (Note [Paired rounds time the
+// whole call] in graph_internal.h): a challenger must be faster the way a step sees it.
 //
 // Among the challengers shown faster, near-ties resolve the same way: in the order the search timed them
 // (cuDNN's heuristic order first), the first leads unless a later one is shown faster than the leader so far,
