@@ -16,6 +16,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 
 from setuptools import Extension, setup
@@ -59,14 +60,19 @@ class CMakeBuild(build_ext):
         subprocess.run(
             ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
              f"-DCUDNN_ROOT={cudnn_root}", f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-             "-DCUDNN_CACHE_BUILD_TESTS=OFF", f"-DCUDNN_CACHE_TOOL_RPATH={tool_runpath(cudnn_root)}"], check=True)
+             f"-DPython3_EXECUTABLE={sys.executable}", "-DCUDNN_CACHE_BUILD_TESTS=OFF",
+             f"-DCUDNN_CACHE_TOOL_RPATH={tool_runpath(cudnn_root)}"], check=True)
+        # cudnn_cache._eager where CMake could build it (Note [Eager calls]): it says so in its cache.
+        eager = "CUDNN_CACHE_EAGER_CALLS:INTERNAL=ON" in (build_dir / "CMakeCache.txt").read_text()
         subprocess.run(["cmake", "--build", str(build_dir), "--parallel", str(os.cpu_count() or 1), "--target",
-                        "cudnn_cache_ops", "cudnn_cache_tool"], check=True)
+                        "cudnn_cache_ops", "cudnn_cache_tool", *(["cudnn_cache_eager"] if eager else [])], check=True)
 
         package = pathlib.Path(self.build_lib) / "cudnn_cache"
         (package / "lib").mkdir(parents=True, exist_ok=True)
         (package / "bin").mkdir(parents=True, exist_ok=True)
         shutil.copy2(build_dir / "torch_ops" / "libcudnn_cache_ops.so", package / "lib" / "libcudnn_cache_ops.so")
+        for module in (build_dir / "torch_ops").glob("_eager.*.so"):
+            shutil.copy2(module, package / "lib" / module.name)
         # Installed by CMake's rules, which give the tool its install RUNPATH.
         with tempfile.TemporaryDirectory() as staging:
             subprocess.run(["cmake", "--install", str(build_dir), "--prefix", staging], check=True,
@@ -75,7 +81,8 @@ class CMakeBuild(build_ext):
 
     def get_outputs(self):
         package = pathlib.Path(self.build_lib) / "cudnn_cache"
-        return [str(package / "lib" / "libcudnn_cache_ops.so"), str(package / "bin" / "cudnn_cache_tool")]
+        return [str(package / "lib" / "libcudnn_cache_ops.so"), str(package / "bin" / "cudnn_cache_tool"),
+                *map(str, (package / "lib").glob("_eager.*.so"))]
 
 
 setup(

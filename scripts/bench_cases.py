@@ -114,20 +114,22 @@ OVERHEAD_ROUNDS = 300
 OVERHEAD_LABELS = {  # its rows: result name -> the call timed
     "native_heuristic": "F.conv2d (benchmark=False)",
     "native_benchmark": "F.conv2d (benchmark=True)",
-    "op": "torch.ops.cudnn_cache.convolution.default",
+    "op": "cudnn_cache.functional.convolution_call (a converted module's call)",
     "functional": "cudnn_cache.functional.conv2d",
     "native_scripted": "torch.conv2d in a TorchScript loop (benchmark=False)",
     "op_scripted": "cudnn_cache::convolution in a TorchScript loop",
     "train_native_heuristic": "training: F.conv2d forward + backward (benchmark=False)",
     "train_native_benchmark": "training: F.conv2d forward + backward (benchmark=True)",
-    "train_op": "training: torch.ops.cudnn_cache.convolution.default (a converted module's call) forward + backward",
+    "train_op": "training: cudnn_cache.functional.convolution_call (a converted module's call) forward + backward",
     "train_intercept": "training: F.conv2d forward + backward under cudnn_cache.intercept(True)",
 }
 NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
 NATIVE_TRAIN_OVERHEADS = ("train_native_heuristic", "train_native_benchmark")
-# From Python, torch.ops.<library>.<op> parses its arguments against the schema on every call, which F.conv2d's
-# generated binding does not; in TorchScript both are one interpreter call. So the op's own host overhead is
-# the scripted pair's difference, and the eager rows show what a Python caller pays on top.
+# From Python, torch.ops.<library>.<op> parses its arguments against the schema on every call (a boxed call), which
+# F.conv2d's generated binding does not; converted modules call the op through cudnn_cache._eager, which parses as
+# that binding does, where the build made it (Note [Eager calls]). In TorchScript both are one interpreter call. So
+# the op's own host overhead is the scripted pair's difference, and the eager rows show what a Python caller pays
+# on top.
 
 
 def in_turn(items: List[str], round_index: int) -> List[str]:
@@ -433,7 +435,7 @@ def run_overhead_case(args) -> dict:
     train_x = torch.rand(*TRAIN_INPUT, device=device, requires_grad=True)
     train_w = torch.rand(*TRAIN_WEIGHT, device=device, requires_grad=True)
     train_grad = torch.ones(TRAIN_INPUT[0], TRAIN_WEIGHT[0], *TRAIN_INPUT[2:], device=device)
-    op = torch.ops.cudnn_cache.convolution.default  # the overload, as converted modules call it
+    op = cudnn_cache.functional.convolution_call  # as converted modules call it (Note [Eager calls])
 
     def forward_calls(call):
         def calls():

@@ -359,8 +359,8 @@ def overhead_table(overhead: Optional[dict]) -> List[str]:
               f"no grad: {overhead['calls']} calls with no synchronize between them, then one; median of "
               f"{overhead['repeats']} rounds and its 95% interval. The cache was tuned first (warm), then ran with "
               "miss policy 'error'. The op's host time above native's, both in a TorchScript loop: "
-              f"{overhead['op_overhead_above_native_us']:.1f} us; called from Python (torch.ops parses its "
-              f"arguments per call), above the better native's: "
+              f"{overhead['op_overhead_above_native_us']:.1f} us; called from Python as a converted module calls it "
+              f"(Note [Eager calls]), above the better native's: "
               f"{overhead.get('eager_op_overhead_above_native_us', math.nan):.1f} us.", ""]
     columns = ["call", "wall per call (incl. final synchronize)", "host per call (before it)"]
     forward = {n: r for n, r in overhead["results"].items() if not n.startswith("train_")}

@@ -69,13 +69,13 @@ SHOWN = 16  # rows per part of the --api table
 
 def parts_of(device: torch.device, calls: int) -> Dict[str, Dict[str, Callable[[], None]]]:
     """Per part and way, a round of `calls` calls."""
-    import cudnn_cache  # noqa: F401  (loads the ops)
+    import cudnn_cache
 
     x = torch.rand(*TRAIN_INPUT, device=device, requires_grad=True)
     w = torch.rand(*TRAIN_WEIGHT, device=device, requires_grad=True)
     grad = torch.ones(TRAIN_INPUT[0], TRAIN_WEIGHT[0], *TRAIN_INPUT[2:], device=device)
     x0, w0 = x.detach(), w.detach()
-    op = torch.ops.cudnn_cache.convolution.default  # the overload, as converted modules call it
+    op = cudnn_cache.functional.convolution_call  # as converted modules call it (Note [Eager calls])
     backward_op = torch.ops.aten.convolution_backward.default
 
     def native(a, b):

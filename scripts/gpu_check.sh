@@ -43,7 +43,8 @@ build() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name())'
   cmake -S . -B build -G Ninja -DCMAKE_CXX_COMPILER="$compiler" -DCUDNN_ROOT="$cudnn_root" \
-    -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps/root/usr" -DCUDNN_CACHE_BUILD_BENCHMARKS=OFF &&
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps/root/usr" -DCUDNN_CACHE_BUILD_BENCHMARKS=OFF \
+    -DPython3_EXECUTABLE="$(command -v python3)" &&
     cmake --build build --parallel "$(nproc)"
 }
 step build build || exit 1

@@ -46,11 +46,14 @@ def test_pip_install_builds_and_installs_everything(tmp_path, tool):
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "LD_LIBRARY_PATH") and not key.startswith("CUDNN_CACHE_")}
     check = subprocess.run([str(python), "-c", "import cudnn_cache; print(cudnn_cache.library_path()); "
-                            "print(cudnn_cache.__version__, cudnn_cache.FORMAT_VERSION)"],
+                            "print(cudnn_cache.__version__, cudnn_cache.FORMAT_VERSION); "
+                            "print(cudnn_cache.functional._EAGER_CALLS.__file__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stderr
-    library, versions = check.stdout.splitlines()
+    library, versions, eager = check.stdout.splitlines()
     assert library == str(package / "lib" / "libcudnn_cache_ops.so") and versions == "0.1.0 5"
+    # cudnn_cache._eager (Note [Eager calls]) beside it: this environment has Python's headers.
+    assert pathlib.Path(eager).parent == package / "lib" and pathlib.Path(eager).name.startswith("_eager."), eager
 
     # The tool: its RUNPATH names PyTorch's cuDNN relative to itself first (where pip puts torch and cudnn_cache
     # side by side), then the absolute folder it was built against (here the base environment's, as the venv

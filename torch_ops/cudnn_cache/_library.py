@@ -1,7 +1,10 @@
 """Finds and loads libcudnn_cache_ops.so, the C++ library that registers the torch.ops.cudnn_cache ops."""
 
+import importlib.machinery
+import importlib.util
 import os
 import pathlib
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -60,4 +63,20 @@ def tool_path() -> Optional[str]:
     for candidate in (_PACKAGE / "bin" / _TOOL, library.parents[1] / _TOOL):
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
+    return None
+
+
+def eager_calls() -> Optional[ModuleType]:
+    """cudnn_cache._eager, the ops called from eager Python at a torch function's cost (Note [Eager calls] in
+    torch_ops/csrc/python/eager_calls.cpp), from beside the ops library this package loaded (after load_library);
+    None where the build made none (CMake found no Python headers or libtorch_python): the modules then call the
+    ops through torch.ops, with the same results."""
+    folder = pathlib.Path(library_path()).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = folder / f"_eager{suffix}"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("cudnn_cache._eager", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
     return None

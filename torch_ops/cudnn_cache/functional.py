@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._library import eager_calls
+
 IntOrSequence = Union[int, Sequence[int]]
 
 # The ops' one overload each. Called directly, an overload skips the overload packet's resolution of which one
@@ -14,6 +16,24 @@ IntOrSequence = Union[int, Sequence[int]]
 # every call). TorchScript cannot name an overload: scripted code calls the packet (modules.py).
 convolution_op = torch.ops.cudnn_cache.convolution.default
 convolution_transpose_op = torch.ops.cudnn_cache.convolution_transpose.default
+
+
+def _eager_first(name: str, overload):
+    """How eager code calls the op `name`: through cudnn_cache._eager at a torch function's cost where the build
+    made it (Note [Eager calls]), else its overload; under torch.compile, which traces torch.ops calls, the
+    overload."""
+    eager = getattr(_EAGER_CALLS, name, None)
+    if eager is None:
+        return overload
+
+    def call(*args):
+        return overload(*args) if torch.compiler.is_compiling() else eager(*args)
+    return call
+
+
+_EAGER_CALLS = eager_calls()
+convolution_call = _eager_first("convolution", convolution_op)
+convolution_transpose_call = _eager_first("convolution_transpose", convolution_transpose_op)
 
 
 def _expand(value: IntOrSequence, spatial_dims: int) -> List[int]:
@@ -55,7 +75,7 @@ def _convolution(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: 
                 input = F.pad(input, extra)
         else:
             raise RuntimeError(f"padding must be 'valid', 'same' or ints, got {padding!r}")
-    return convolution_op(input, weight, bias, stride, _expand(padding, spatial_dims), dilation, groups)
+    return convolution_call(input, weight, bias, stride, _expand(padding, spatial_dims), dilation, groups)
 
 
 def conv1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntOrSequence = 1,
@@ -80,7 +100,7 @@ def _convolution_transpose(input: Tensor, weight: Tensor, bias: Optional[Tensor]
                            padding: IntOrSequence, output_padding: IntOrSequence, groups: int,
                            dilation: IntOrSequence) -> Tensor:
     spatial_dims = weight.dim() - 2
-    return convolution_transpose_op(
+    return convolution_transpose_call(
         input, weight, bias, _expand(stride, spatial_dims), _expand(padding, spatial_dims),
         _expand(output_padding, spatial_dims), _expand(dilation, spatial_dims), groups)
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .functional import convolution_op, convolution_transpose_op, same_padding
+from .functional import convolution_call, convolution_transpose_call, same_padding
 
 
 class _CachedConvolution:
@@ -43,10 +43,10 @@ class _CachedConvolution:
             padding = self._cudnn_padding
             if len(self._cudnn_extra_padding) > 0:
                 input = F.pad(input, self._cudnn_extra_padding)
-        if torch.jit.is_scripting():  # TorchScript cannot name an overload (functional.py); eager skips resolving one
+        if torch.jit.is_scripting():  # TorchScript cannot name an overload; eager code calls functional.py's call
             return torch.ops.cudnn_cache.convolution(input, weight, bias, self._cudnn_stride, padding,
                                                      self._cudnn_dilation, self.groups)
-        return convolution_op(input, weight, bias, self._cudnn_stride, padding, self._cudnn_dilation, self.groups)
+        return convolution_call(input, weight, bias, self._cudnn_stride, padding, self._cudnn_dilation, self.groups)
 
 
 class Conv1d(_CachedConvolution, nn.Conv1d):
@@ -97,7 +97,7 @@ class _CachedConvolutionTranspose:
             return torch.ops.cudnn_cache.convolution_transpose(input, self.weight, self.bias, self._cudnn_stride,
                                                                self._cudnn_padding, output_padding,
                                                                self._cudnn_dilation, self.groups)
-        return convolution_transpose_op(input, self.weight, self.bias, self._cudnn_stride, self._cudnn_padding,
+        return convolution_transpose_call(input, self.weight, self.bias, self._cudnn_stride, self._cudnn_padding,
                                         output_padding, self._cudnn_dilation, self.groups)
 
 
