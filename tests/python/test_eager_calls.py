@@ -125,3 +125,16 @@ def test_converted_modules_match_torch_through_it(eager):
     cached = cudnn_cache.convert(native)
     x = randn(2, 4, 7, 7, seed=5).float()
     assert torch.allclose(cached(x), native(x), atol=1e-5)
+
+
+def test_tracers_record_the_op(eager):
+    model = cudnn_cache.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()))
+    x = randn(1, 3, 8, 8, seed=6).float()
+    # torch.fx's Proxy has __torch_function__: the graph calls the overload, as it did through torch.ops.
+    graph = torch.fx.symbolic_trace(model)
+    assert [n.target for n in graph.graph.nodes if n.op == "call_function"] == [functional.convolution_op]
+    assert torch.equal(graph(x), model(x))
+    # torch.jit.trace records below Python, at the dispatcher, which the eager call goes through.
+    traced = torch.jit.trace(model, x)
+    assert "cudnn_cache::convolution" in str(traced.inlined_graph)
+    assert torch.equal(traced(x), model(x))
