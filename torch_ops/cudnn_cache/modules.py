@@ -98,7 +98,7 @@ class _CachedConvolutionTranspose:
                                                                self._cudnn_padding, output_padding,
                                                                self._cudnn_dilation, self.groups)
         return convolution_transpose_call(input, self.weight, self.bias, self._cudnn_stride, self._cudnn_padding,
-                                        output_padding, self._cudnn_dilation, self.groups)
+                                          output_padding, self._cudnn_dilation, self.groups)
 
 
 class ConvTranspose1d(_CachedConvolutionTranspose, nn.ConvTranspose1d):
