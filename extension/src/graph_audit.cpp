@@ -10,6 +10,7 @@
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
 #include "graph_internal.h"
+#include "paired_timing.h"
 
 namespace cudnn_cache {
 
@@ -59,7 +60,7 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   audit.stored.config = describe_plan(*graph, stored_index, count).value_or(stored);
 
   // Then each distinct config the same way, in rounds, so drift in clocks or temperature affects each alike;
-  // the stored one twice, for the audit's resolution.
+  // the stored one twice, for the audit's resolution, each round in a fresh order.
   L2Flush flush(allocate, options.flush_l2);
   struct Contender {
     std::int64_t index;
@@ -84,7 +85,8 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   const std::size_t benchmark_at =
       benchmark_index == heuristic_index ? heuristic_at : native_at(benchmark_index, audit.benchmark);
   for (int round = 0; round < options.repetitions; ++round) {
-    for (Contender& contender : contenders) {
+    for (const std::size_t at : round_order(round, contenders.size())) {  // Note [Paired rounds in a fresh order]
+      Contender& contender = contenders[at];
       void* workspace = contender.workspace.data();
       const std::vector<float> times = time_plan(*graph, handle, pack, workspace, contender.index,
                                                  round_timing(round, options.warmup, flush));

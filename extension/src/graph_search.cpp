@@ -613,7 +613,7 @@ class EngineSearch {
           !challenger_undecided(times, native_reference(times, heuristic, benchmark))) {
         break;
       }
-      for (std::size_t f = 0; f < finalists.size(); ++f) {
+      for (const std::size_t f : round_order(round, finalists.size())) {  // Note [Paired rounds in a fresh order]
         const BuiltPlan& plan = plans_[finalists[f]];
         const std::vector<float> run = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index,
                                                  round_timing(round, options_.warmup, flush_));

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "cudnn_cache/error.h"
 #include "graph_internal.h"
@@ -15,6 +17,21 @@ namespace {
 float just_after(float ms) { return std::nextafter(ms, std::numeric_limits<float>::infinity()); }
 
 }  // namespace
+
+std::vector<std::size_t> round_order(int round, std::size_t count) {
+  std::vector<std::size_t> order(count);
+  for (std::size_t i = 0; i < count; ++i) order[i] = i;
+  // Fisher-Yates with splitmix64, written out: std::shuffle's draws differ between standard libraries.
+  std::uint64_t state = 0x9E3779B97F4A7C15ull * (static_cast<std::uint64_t>(round) + 1);
+  const auto next = [&state] {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (std::size_t i = count; i > 1; --i) std::swap(order[i - 1], order[next() % i]);
+  return order;
+}
 
 bool median_below_one(std::vector<float> ratios) {
   // The k-th largest of n values bounds the median from above with confidence 1 - P(Binomial(n, 1/2) < k): the

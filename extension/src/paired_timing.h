@@ -49,12 +49,30 @@
 // Settling only moves deterministic configs back, so it never makes a non-deterministic call's choice one the
 // first settling did not show at least as fast.
 
+// Note [Paired rounds in a fresh order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The rounds of the search's last step and of the audit time their configs in an order drawn anew each round,
+// not in one fixed order. Where a round timed them in a fixed order, a config's position was part of its time:
+// the audit timed the stored config first and again second, and over 327 audited keys of 2026-11-30 and
+// 2026-12-05 (H200 and H100) its second timing was the faster in 60% of them (196; 164 expected, about 3.6
+// standard deviations), by up to 3% in a workload's median; a plan run right after itself likely finds the
+// host's caches (and the GPU's instruction caches) warm for it, which the flush of L2 before each run does not
+// undo, and a key whose kernels take microseconds shows it. So the stored config's own two timings disagreed by more than noise (the audit's
+// resolution), and whichever config a round timed first, or right after another, paid for its place. In a
+// fresh order each round no config keeps a place or a neighbour; the order is a fixed function of the round's
+// index, so the same rounds run in the same order in every run and on every rank (Note [Never slower than
+// native's pick]: stable choices). The bench's rounds do the same (bench_cases.in_turn).
+
 #include <cstddef>
 #include <vector>
 
 #include "cudnn_cache/graph.h"
 
 namespace cudnn_cache {
+
+// The order in which round `round` times `count` configs: a permutation of 0 .. count - 1 drawn from a
+// generator seeded with the round's index alone (Note [Paired rounds in a fresh order]).
+std::vector<std::size_t> round_order(int round, std::size_t count);
 
 // Whether the median of `ratios` is below 1 with 95% confidence, by the sign test: false with fewer than 5
 // values, which cannot show it.

@@ -3,8 +3,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "cudnn_cache/perf_cache.h"
@@ -232,4 +235,33 @@ TEST_CASE("a deterministic config ranks before native's deterministic pick only 
   CHECK_THROWS_WITH(settle_deterministic(configs, 0, {0, 1}, {reference, faster}),
                     Catch::Contains("the reference is not deterministic"));
   CHECK_THROWS_WITH(settle_deterministic(configs, 1, {0, 1}, {reference}), Catch::Contains("2 finalists for 1 rounds"));
+}
+
+TEST_CASE("each round times its configs in a fresh order, the same in every run", "[paired_timing]") {
+  // Note [Paired rounds in a fresh order]
+  CHECK(round_order(0, 0).empty());
+  CHECK(round_order(3, 1) == std::vector<std::size_t>{0});
+  const std::size_t count = 4;  // the audit's: the stored config twice and native's two picks
+  std::vector<std::vector<int>> at_position(count, std::vector<int>(count, 0));  // [config][position]
+  std::set<std::pair<std::size_t, std::size_t>> followed;                       // (config, the one before it)
+  std::set<std::vector<std::size_t>> orders;
+  for (int round = 0; round < 21; ++round) {  // as many as a search's rounds may be
+    const std::vector<std::size_t> order = round_order(round, count);
+    CHECK(order == round_order(round, count));  // a function of the round alone
+    std::vector<std::size_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    REQUIRE(sorted == std::vector<std::size_t>{0, 1, 2, 3});  // each config once
+    for (std::size_t position = 0; position < count; ++position) {
+      ++at_position[order[position]][position];
+      if (position > 0) followed.insert({order[position], order[position - 1]});
+    }
+    orders.insert(order);
+  }
+  CHECK(orders.size() > 8);  // not one order, nor a rotation of one (4 of those)
+  for (std::size_t config = 0; config < count; ++config) {
+    for (std::size_t position = 0; position < count; ++position) {
+      CHECK(at_position[config][position] > 0);  // no config keeps a place
+    }
+  }
+  CHECK(followed.size() == count * (count - 1));  // nor a neighbour: each follows every other
 }
