@@ -308,12 +308,13 @@ class AheadBuilder {
   // worker, or by its builder process and restored into one) and handed over with it: a graph is never used by
   // two threads at once (a build writes its graph's plan list).
   void work(int device) {
-    cudnnHandle_t handle = nullptr;
+    std::optional<HandlePool::Lease> lease;
     try {
-      handle = HandlePool::instance().take(device);
+      lease.emplace(device);
     } catch (const std::exception&) {
       return;  // claims nothing: the calling thread builds
     }
+    const cudnnHandle_t handle = lease->get();
     PlanBuilders& builders = PlanBuilders::instance();
     std::unique_ptr<PlanBuilder> builder = builder_processes_ ? builders.take(device) : nullptr;
     const auto drop_failed = [&] {
@@ -344,7 +345,6 @@ class AheadBuilder {
       built_.notify_all();
     }
     builders.give_back(device, std::move(builder));
-    HandlePool::instance().give_back(device, handle);
   }
 
   cudnnHandle_t handle_;
@@ -385,9 +385,8 @@ class ModeBAhead {
     try {
       query_ = std::async(std::launch::async, [this, device] {
         const auto started = std::chrono::steady_clock::now();
-        cudnnHandle_t handle = HandlePool::instance().take(device);
-        std::vector<EngineCandidate> configs = mode_b_configs(handle, key_, count_);
-        HandlePool::instance().give_back(device, handle);
+        const HandlePool::Lease lease(device);
+        std::vector<EngineCandidate> configs = mode_b_configs(lease.get(), key_, count_);
         query_us_ = microseconds_since(started);
         return std::optional<std::vector<EngineCandidate>>(std::move(configs));
       });

@@ -629,7 +629,8 @@ PrepareReport Runtime::prepare(int device, int threads) {
   std::string failure;
   auto build = [&] {
     try {
-      const cudnnHandle_t handle = HandlePool::instance().take(device);
+      const HandlePool::Lease lease(device);
+      const cudnnHandle_t handle = lease.get();
       for (std::size_t i; (i = next++) < work.size();) {
         const auto& [key, ranking] = work[i];
         for (const EngineCandidate& config : ranking) {
@@ -640,7 +641,6 @@ PrepareReport Runtime::prepare(int device, int threads) {
           }
         }
       }
-      HandlePool::instance().give_back(device, handle);
     } catch (const Error& e) {
       std::lock_guard lock(failure_mutex);
       if (failure.empty()) failure = e.what();
