@@ -138,3 +138,29 @@ def test_tracers_record_the_op(eager):
     traced = torch.jit.trace(model, x)
     assert "cudnn_cache::convolution" in str(traced.inlined_graph)
     assert torch.equal(traced(x), model(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, memory_format", [(torch.float32, torch.contiguous_format),
+                                                  (torch.float16, torch.channels_last)])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_on_the_gpu_it_runs_the_cached_kernels_as_the_overload_does(eager, cache_state, name, dtype, memory_format):
+    # Both calls reach the same CUDA kernels and the same stored config: the eager call's first call tunes the key,
+    # the overload's runs what it stored; the same kernel on the same operands gives the same forward, bit for bit.
+    # The weight gradient is a reduction whose kernels may add in any order: it is compared within rounding.
+    cudnn_cache.set_miss_policy("tune")
+    results = []
+    for call in (getattr(eager, name), CALLS[name]):
+        x, w, b, *rest = (a.to("cuda", dtype) if isinstance(a, Tensor) else a for a in arguments(name, 2))
+        x, w = x.contiguous(memory_format=memory_format), w.contiguous(memory_format=memory_format)
+        for tensor in (x, w, b):
+            tensor.requires_grad_(True)
+        out = call(x, w, b, *rest)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), x.grad, w.grad, b.grad))
+    assert cudnn_cache.stats()["tunes"] == 3  # the eager call's forward and its backward's two keys, once
+    eager_out, overload_out = results[0][0], results[1][0]
+    assert eager_out.is_contiguous(memory_format=memory_format) and torch.equal(eager_out, overload_out)
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.float16 else {"atol": 1e-5, "rtol": 1e-5}
+    for mine, theirs in zip(results[0][1:], results[1][1:]):
+        torch.testing.assert_close(mine, theirs, **tolerance)
