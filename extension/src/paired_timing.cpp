@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -20,7 +21,7 @@ float just_after(float ms) { return std::nextafter(ms, std::numeric_limits<float
 
 std::vector<std::size_t> round_order(int round, std::size_t count) {
   std::vector<std::size_t> order(count);
-  for (std::size_t i = 0; i < count; ++i) order[i] = i;
+  std::iota(order.begin(), order.end(), std::size_t{0});
   // Fisher-Yates with splitmix64, written out: std::shuffle's draws differ between standard libraries.
   std::uint64_t state = 0x9E3779B97F4A7C15ull * (static_cast<std::uint64_t>(round) + 1);
   const auto next = [&state] {

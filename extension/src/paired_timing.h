@@ -57,11 +57,11 @@
 // 2026-12-05 (H200 and H100) its second timing was the faster in 60% of them (196; 164 expected, about 3.6
 // standard deviations), by up to 3% in a workload's median; a plan run right after itself likely finds the
 // host's caches (and the GPU's instruction caches) warm for it, which the flush of L2 before each run does not
-// undo, and a key whose kernels take microseconds shows it. So the stored config's own two timings disagreed by more than noise (the audit's
-// resolution), and whichever config a round timed first, or right after another, paid for its place. In a
-// fresh order each round no config keeps a place or a neighbour; the order is a fixed function of the round's
-// index, so the same rounds run in the same order in every run and on every rank (Note [Never slower than
-// native's pick]: stable choices). The bench's rounds do the same (bench_cases.in_turn).
+// undo, and a key whose kernels take microseconds shows it. So the stored config's own two timings disagreed by
+// more than noise (the audit's resolution), and whichever config a round timed first, or right after another,
+// paid for its place. In a fresh order each round no config keeps a place or a neighbour; the order is a fixed
+// function of the round's index, so the same rounds run in the same order in every run and on every rank (Note
+// [Never slower than native's pick]: stable choices). The bench's rounds do the same (bench_cases.in_turn).
 
 #include <cstddef>
 #include <vector>

@@ -147,7 +147,8 @@ def test_tracers_record_the_op(eager):
 def test_on_the_gpu_it_runs_the_cached_kernels_as_the_overload_does(eager, cache_state, name, dtype, memory_format):
     # Both calls reach the same CUDA kernels and the same stored config: the eager call's first call tunes the key,
     # the overload's runs what it stored; the same kernel on the same operands gives the same forward, bit for bit.
-    # The weight gradient is a reduction whose kernels may add in any order: it is compared within rounding.
+    # The gradients are compared within rounding: the weight's and the bias's are reductions whose kernels may add
+    # in any order.
     cudnn_cache.set_miss_policy("tune")
     results = []
     for call in (getattr(eager, name), CALLS[name]):
