@@ -68,13 +68,13 @@ std::tuple<at::Tensor, at::Tensor> backward_by_directions(const at::Tensor& grad
 }
 
 at::Tensor bias_gradient(const at::Tensor& grad) {
-  std::vector<std::int64_t> reduced{0};
+  Sizes reduced{0};
   for (std::int64_t d = 2; d < grad.dim(); ++d) reduced.push_back(d);
   return grad.sum(reduced);
 }
 
 at::Tensor broadcast_bias(const at::Tensor& bias, std::int64_t dims) {
-  std::vector<std::int64_t> shape(dims, 1);
+  Sizes shape(dims, 1);
   shape[1] = -1;
   return bias.view(shape);
 }

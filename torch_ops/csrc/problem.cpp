@@ -8,11 +8,10 @@
 
 namespace cudnn_cache::torch_ops {
 
-std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::IntArrayRef values,
-                                          std::size_t spatial_dims) {
+SpatialValues per_spatial_dim(const char* op, const char* name, at::IntArrayRef values, std::size_t spatial_dims) {
   TORCH_CHECK(values.size() == 1 || values.size() == spatial_dims, op, ": ", name, " has ", values.size(),
               " values but the input has ", spatial_dims, " spatial dimensions; give 1 or ", spatial_dims, " values");
-  return values.size() == 1 ? std::vector<std::int64_t>(spatial_dims, values[0]) : values.vec();
+  return values.size() == 1 ? SpatialValues(spatial_dims, values[0]) : SpatialValues(values.begin(), values.end());
 }
 
 namespace {
@@ -85,9 +84,9 @@ ConvolutionParams check_params(const char* op, const at::Tensor& input, const at
   return params;
 }
 
-std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
-                                                  const ConvolutionParams& params) {
-  std::vector<std::int64_t> size = output_size<std::int64_t>(input_size, weight_size, params, false, {});
+Sizes convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                              const ConvolutionParams& params) {
+  Sizes size = output_size<std::int64_t>(input_size, weight_size, params, false, {});
   for (std::size_t d = 2; d < input_size.size(); ++d) {
     const auto s = d - 2;
     TORCH_CHECK(size[d] >= 1, "convolution: the kernel (", params.dilation[s] * (weight_size[d] - 1) + 1,
@@ -97,8 +96,8 @@ std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at
   return size;
 }
 
-std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
-                                                 const ConvolutionParams& params, at::IntArrayRef output_padding) {
+Sizes transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                             const ConvolutionParams& params, at::IntArrayRef output_padding) {
   for (std::size_t s = 0; s + 2 < input_size.size(); ++s) {
     TORCH_CHECK(output_padding[s] >= 0 && output_padding[s] < params.stride[s],
                 "convolution_transpose: output_padding ", output_padding, " is not smaller than stride ",
@@ -107,7 +106,7 @@ std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at:
                 "call the convolution itself (cudnn_cache.functional.conv_transpose*d, a converted module) and ",
                 "it runs natively");
   }
-  std::vector<std::int64_t> size = output_size<std::int64_t>(input_size, weight_size, params, true, output_padding);
+  Sizes size = output_size<std::int64_t>(input_size, weight_size, params, true, output_padding);
   for (std::size_t d = 2; d < input_size.size(); ++d) {
     TORCH_CHECK(size[d] >= 1, "convolution_transpose: the output would be empty in spatial dimension ", d - 2,
                 "; reduce padding");
@@ -178,8 +177,8 @@ Problem make_problem(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     return Problem{make_convolution_key(
         Direction::forward, make_tensor_key(type, span(x.sizes()), span(x.strides()), "input"),
         make_filter_key(type, span(w.sizes()), layout), make_tensor_key(type, span(y.sizes()), span(y.strides()), "output"),
-        make_convolution_descriptor_key(params.padding, params.stride, params.dilation, params.groups,
-                                        CUDNN_CROSS_CORRELATION, default_compute_type(type),
+        make_convolution_descriptor_key(span(params.padding), span(params.stride), span(params.dilation),
+                                        params.groups, CUDNN_CROSS_CORRELATION, default_compute_type(type),
                                         cudnn_math_type(x.scalar_type())))};
   });
 }

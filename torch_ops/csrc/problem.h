@@ -4,6 +4,7 @@
 // the core; this file only reads sizes, strides, dtypes and global settings off PyTorch.
 
 #include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
 
 #include <string>
 #include <utility>
@@ -25,10 +26,17 @@ decltype(auto) rethrow(F&& f) {
   }
 }
 
+// One value per spatial dimension (at most 3), and a convolution's sizes (at most 5 dimensions): held inline,
+// so that a call computes them without allocating (issue 15: no heap allocation per call on the hot path).
+using SpatialValues = c10::SmallVector<std::int64_t, 3>;
+template <typename Size>
+using SizesOf = c10::SmallVector<Size, 5>;
+using Sizes = SizesOf<std::int64_t>;
+
 // Padding, stride and dilation with one value per spatial dimension, as the ops receive them. A single value
 // is repeated for every spatial dimension, as in torch.nn.functional.
 struct ConvolutionParams {
-  std::vector<std::int64_t> stride, padding, dilation;
+  SpatialValues stride, padding, dilation;
   std::int64_t groups = 1;
 };
 
@@ -40,8 +48,7 @@ ConvolutionParams check_params(const char* op, const at::Tensor& input, const at
                                std::int64_t groups, bool transposed = false);
 
 // One value per spatial dimension: a single value is repeated; otherwise there must be exactly spatial_dims.
-std::vector<std::int64_t> per_spatial_dim(const char* op, const char* name, at::IntArrayRef values,
-                                          std::size_t spatial_dims);
+SpatialValues per_spatial_dim(const char* op, const char* name, at::IntArrayRef values, std::size_t spatial_dims);
 
 // Checks a size list a backward op receives (`name`: input_size or weight_size): one size per dimension of
 // grad_output, none negative.
@@ -58,9 +65,9 @@ void check_bias(const char* op, const at::Tensor& input, std::int64_t channels, 
 // spatial size below 1 where there would be no output; unchecked. Size is std::int64_t, or c10::SymInt for
 // the symbolic shapes torch.compile traces with.
 template <typename Size>
-std::vector<Size> output_size(c10::ArrayRef<Size> input_size, c10::ArrayRef<Size> weight_size,
-                              const ConvolutionParams& params, bool transposed, at::IntArrayRef output_padding) {
-  std::vector<Size> size{input_size[0], transposed ? weight_size[1] * params.groups : weight_size[0]};
+SizesOf<Size> output_size(c10::ArrayRef<Size> input_size, c10::ArrayRef<Size> weight_size,
+                          const ConvolutionParams& params, bool transposed, at::IntArrayRef output_padding) {
+  SizesOf<Size> size{input_size[0], transposed ? weight_size[1] * params.groups : weight_size[0]};
   for (std::size_t d = 2; d < input_size.size(); ++d) {
     const auto s = d - 2;
     const Size span = (weight_size[d] - 1) * params.dilation[s] + 1;
@@ -75,10 +82,10 @@ std::vector<Size> output_size(c10::ArrayRef<Size> input_size, c10::ArrayRef<Size
 }
 
 // The same, checked: every failure says what to change.
-std::vector<std::int64_t> convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
-                                                  const ConvolutionParams& params);
-std::vector<std::int64_t> transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
-                                                 const ConvolutionParams& params, at::IntArrayRef output_padding);
+Sizes convolution_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                              const ConvolutionParams& params);
+Sizes transposed_output_size(at::IntArrayRef input_size, at::IntArrayRef weight_size,
+                             const ConvolutionParams& params, at::IntArrayRef output_padding);
 
 // The memory format cuDNN should see: channels-last when either tensor is (never for double), as PyTorch does.
 // The (N, C, L) tensors of a 1-D convolution are judged as the (N, C, 1, L) views PyTorch gives cuDNN, the

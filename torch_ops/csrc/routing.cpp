@@ -25,10 +25,10 @@ bool has_keyable_output(const at::Tensor& input, const at::Tensor& weight, at::I
   const ConvolutionParams params{per_spatial_dim("convolution", "stride", stride, spatial_dims),
                                  per_spatial_dim("convolution", "padding", padding, spatial_dims),
                                  per_spatial_dim("convolution", "dilation", dilation, spatial_dims), groups};
-  const std::vector<c10::SymInt> output = output_size<c10::SymInt>(
+  const SizesOf<c10::SymInt> output = output_size<c10::SymInt>(
       input.sym_sizes(), weight.sym_sizes(), params, transposed,
       transposed ? per_spatial_dim("convolution", "output_padding", output_padding, spatial_dims)
-                 : std::vector<std::int64_t>(spatial_dims, 0));
+                 : SpatialValues(spatial_dims, 0));
   c10::SymInt elements = 1;
   for (std::size_t d = 0; d < output.size(); ++d) {
     if (d >= 2 && output[d] < 1) return false;

@@ -10,6 +10,7 @@
 // of a backward) refuse C++ Functions, and treat a kernel like this one as they treat aten's.
 
 #include "../convolution.h"
+#include "../problem.h"
 
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -29,7 +30,7 @@ constexpr std::uint64_t kForwardLevel = 0;
 // there is none), by Note [Gradients of the cached ops].
 struct CachedConvolutionBackward : public torch::autograd::Node {
   Direction op = Direction::forward;
-  std::vector<std::int64_t> stride, padding, dilation;
+  SpatialValues stride, padding, dilation;
   std::int64_t groups = 1;
   SavedVariable a, b;
 
@@ -57,9 +58,9 @@ at::Tensor cached_autograd(Direction op, const at::Tensor& a, const at::Tensor& 
     node = std::shared_ptr<CachedConvolutionBackward>(new CachedConvolutionBackward(), torch::autograd::deleteNode);
     node->set_next_edges(torch::autograd::collect_next_edges(a, b, bias));
     node->op = op;
-    node->stride = stride.vec();
-    node->padding = padding.vec();
-    node->dilation = dilation.vec();
+    node->stride.assign(stride.begin(), stride.end());
+    node->padding.assign(padding.begin(), padding.end());
+    node->dilation.assign(dilation.begin(), dilation.end());
     node->groups = groups;
     node->a = SavedVariable(a, false);
     node->b = SavedVariable(b, false);
