@@ -128,6 +128,8 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         command.append("--audit")
     if args.profile_first:
         command.append("--profile-first")
+    if args.prepare_in_background:
+        command.append("--prepare-in-background")
     if args.quick:
         command.append("--quick")  # which allows fewer --steps
     command += ["--tuning", *(f"{name}={int(value) if isinstance(value, bool) else value}"
@@ -256,6 +258,10 @@ def parse_args(argv=None):
     parser.add_argument("--profile-first", action="store_true",
                         help="profile each training case's first step with torch.profiler (which slows it): the "
                              "operators and CUDA calls that take its host time, in the JSON as first_step_profile")
+    parser.add_argument("--prepare-in-background", action="store_true",
+                        help="the modes that load cache_cold's file start prepare(background=True) and go on to "
+                             "the first step at once, which builds what the background has not built yet; prepare "
+                             "counts its start, and its plans are counted after the first step")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case process (default 180)")
     # Internal: --case runs one case in this process (WORKLOAD:MODE or 'overhead') and prints one JSON line;
     # --device cpu runs everything on the CPU, to test the plumbing without a GPU.
@@ -299,6 +305,7 @@ def main(argv=None) -> int:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
                 "audit": args.audit, "interleaved": args.interleaved, "tuning": args.tuning,
+                "prepare_in_background": args.prepare_in_background,
                 "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,
                 "device": args.device}
     report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings)}

@@ -460,7 +460,10 @@ def notes(settings: dict) -> List[str]:
         "load: cudnn_cache.load() of the file cache_cold saved (cache_warm, which runs with miss policy 'error'). "
         "prepare: cudnn_cache.prepare() after it, before the first step, which builds the execution plan of "
         "every loaded graph-API entry of the GPU (in parentheses, the plans it reports). warm start: load + "
-        "prepare + first step.",
+        "prepare + first step." + (
+            " With --prepare-in-background: prepare(background=True), timed to its return (it starts the builds), "
+            "and the first step goes on at once, building what the background has not built yet; the plans are "
+            "counted after the first step." if settings.get("prepare_in_background") else ""),
         "wall ÷ bench: the wall-clock median ÷ native_benchmark's; wall ÷ better native, GPU ÷ better native: "
         "each clock's median ÷ that of whichever of native_benchmark and native_heuristic has the lower median on "
         "that clock; first ÷ heuristic first, warm start ÷ heuristic first: ÷ native_heuristic's "

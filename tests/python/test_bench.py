@@ -502,6 +502,10 @@ def test_tuning_arguments_are_typed_and_passed_to_each_case():
                             "prefetch_backward=0"]
     assert "--audit" in command
     assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
+    assert "--prepare-in-background" not in command and not args.prepare_in_background
+    background = bench.parse_args(["--prepare-in-background"])
+    background_command = bench.case_command("seed:cache_warm", background, None)
+    assert bench.parse_args(background_command[2:]).prepare_in_background  # the case process prepares so
     quick = bench.parse_args(["--quick", "--steps", "20"])
     quick_command = bench.case_command("seed:cache_warm", quick, None)
     assert "--quick" in quick_command and bench.parse_args(quick_command[2:]).steps == 20
