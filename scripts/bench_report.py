@@ -327,9 +327,10 @@ def audit_table(cases: List[dict]) -> List[str]:
     lines = ["", "## Per-key audit", "", "cudnn_cache.audit() after cache_cold: every tuned key's stored engine "
              "config against the configs native benchmark=False (first that runs, in heuristic order) and "
              "benchmark=True (fastest of 10, one timing each) would run, all three then timed the same way: warmed "
-             "up, L2 flushed, interleaved rounds, median; the stored config twice, and the gap between a key's "
-             "two times of its stored config is that key's resolution. A key counts as slower when its stored "
-             f"choice is more than {AUDIT_NOISE:g}x and more than its own resolution slower than a native choice. "
+             "up, L2 flushed, interleaved rounds in a fresh order each, median; the stored config twice: its time "
+             "is the mean of the two, and their gap is that key's resolution. A key counts as slower when its "
+             f"stored choice is more than {AUDIT_NOISE:g}x and more than its own resolution slower than a native "
+             "choice. "
              "resolution: the median and the widest of the keys' resolutions. Ratios are stored ÷ native; below 1 "
              "is faster.", ""]
     rows = []
