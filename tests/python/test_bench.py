@@ -34,7 +34,7 @@ NATIVE = {
     "seed": (3.41, 0.95, 0.20, 0.98),
 }
 FAILED_ERROR = "exit code 1: RuntimeError: cudnn_cache: miss | key (forward, ...)\nTraceback: more"
-WARM_START_S = 0.0012 + 0.25 + 0.3  # load + prepare + first step of every synthetic cache_warm
+WARM_START_S = 0.0425 + 0.0012 + 0.25 + 0.3  # import + load + prepare + first step of every synthetic cache_warm
 
 
 def stats(tunes: int, plans_built: int, tune_waits: int = 0) -> dict:
@@ -83,7 +83,7 @@ def synthetic_report() -> dict:
             cases.append({"workload": workload, "mode": "cache_warm", "error": FAILED_ERROR, "process_s": 4.0})
         else:
             cases.append(timed(workload, "cache_warm", warm_steady, backend="graph", first_s=0.3, tune_s=0.0,
-                               plan_build_s=0.2, load_s=0.0012, loaded_entries=159, prepare_s=0.25,
+                               plan_build_s=0.2, import_s=0.0425, load_s=0.0012, loaded_entries=159, prepare_s=0.25,
                                prepared_plans=100, warm_start_s=WARM_START_S, plans_deserialized=0,
                                stats=stats(0, 100)))
     overhead_us = {"native_heuristic": 8.0, "native_benchmark": 7.5, "op": 9.0, "functional": 10.0,
@@ -173,7 +173,7 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
         assert all(len(row) == len(columns) for row in rows), f"{title}: every row has as many cells as the header"
     start, steady = section(markdown, "First step and start-up"), section(markdown, "Steady state")
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 0.30 s | - | 0.41 | - | 0.00 s | 0.200 s | "
-            "1.2 ms (159 entries) | 250.0 ms (100) | 0.55 s | 0.74 |") in start
+            "42.5 ms | 1.2 ms (159 entries) | 250.0 ms (100) | 0.59 s | 0.80 |") in start
     assert ("| two-conv model of the seed (bs7, 32x32) | cache_cold | 5.00 s | - | 25.00 | 4.90 s (159) | 4.20 s |"
             in start)
     # wall and GPU time side by side as median [lo, hi]; the wall ratio (flagged) next to the GPU ratio
@@ -225,7 +225,7 @@ def test_targets_met_missed_and_without_data(tmp_path):
     first = targets[("resnet50_fp32", "warm first step")]
     assert (first["value"], first["limit"], first["met"]) == (0.3, 0.47, True)
     assert targets[("seed", "warm first step")]["met"] is False  # 0.30 s > native_heuristic's 0.20 s
-    start = targets[("resnet50_fp32", "warm start (load + prepare + first step)")]
+    start = targets[("resnet50_fp32", "warm start (import + load + prepare + first step)")]
     assert start["value"] == pytest.approx(WARM_START_S) and start["limit"] == 0.3 and start["met"] is False
     versus_bench = targets[("resnet50_fp32", "warm steady ÷ native_benchmark steady")]
     assert versus_bench["value"] == pytest.approx(1.25 * 24.9 / 29.9) and versus_bench["met"] is False
@@ -298,7 +298,7 @@ def test_derived_columns_without_native_cases(tmp_path):
     markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
     warm = next(c for c in report["cases"] if c["mode"] == "cache_warm" and "error" not in c)
     assert set(warm["derived"].values()) == {None}
-    assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | - | 0.00 s | 0.200 s | 1.2 ms" in markdown
+    assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | - | 0.00 s | 0.200 s | 42.5 ms | 1.2 ms" in markdown
     assert ("| ResNet-50 fp32 bs32 | cache_warm | 31.12 [30.81, 31.44] ms | 21.79 [21.57, 22.01] ms | - | - | - |"
             in markdown)
     assert "Host overhead" not in markdown
@@ -341,17 +341,17 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     results = bench.run_all(args)
     assert commands == ["seed:native_benchmark", "seed:native_heuristic", "seed:cache_cold",
                         "conv3d_fp32:native_benchmark", "conv3d_fp32:native_heuristic", "conv3d_fp32:cache_cold",
-                        "conv3d_fp32:cache_warm", "conv3d_fp32:cache_intercept",
+                        "conv3d_fp32:cache_warm", "conv3d_fp32:cache_intercept", "conv3d_fp32:cache_env",
                         "conv3d_fp32:interleaved:native_heuristic", "conv3d_fp32:interleaved:native_benchmark",
                         "overhead"]
     modes = [(c["workload"], c["mode"], c.get("error", "")[:7]) for c in results["cases"]]
     assert ("seed", "cache_cold", "exit co") in modes and ("seed", "cache_warm", "skipped") in modes
-    assert ("seed", "cache_intercept", "skipped") in modes
-    assert len(results["cases"]) == 10 and results["overhead"]["workload"] == "overhead"
+    assert ("seed", "cache_intercept", "skipped") in modes and ("seed", "cache_env", "skipped") in modes
+    assert len(results["cases"]) == 12 and results["overhead"]["workload"] == "overhead"
     interleaved = [(r["workload"], r["native_mode"], r.get("error", "")[:7]) for r in results["interleaved"]]
     assert interleaved == [("seed", "native_heuristic", "skipped"), ("seed", "native_benchmark", "skipped"),
                            ("conv3d_fp32", "native_heuristic", ""), ("conv3d_fp32", "native_benchmark", "")]
-    assert "[3/15] seed:cache_cold: FAILED: exit code 1: tuning failed" in capsys.readouterr().out
+    assert "[3/17] seed:cache_cold: FAILED: exit code 1: tuning failed" in capsys.readouterr().out
     args = bench.parse_args(["--workloads", "seed", "--device", "cpu", "--backend", "legacy", "--no-interleaved"])
     commands.clear()
     assert bench.run_all(args)["interleaved"] == [] and not any("interleaved" in c for c in commands)
@@ -593,15 +593,23 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
         assert case["gpu_ms"] is None and case["gpu_steps_ms"] is None  # no GPU time on the CPU
         assert case["derived"]["gpu_vs_best_native"] is None and case["derived"]["wall_loss_vs_best_native"] in (
             True, False)
-    cold, warm, intercepted = data["cases"][2:]
-    for case in (cold, warm, intercepted):
+    cold, warm, intercepted, zero_code = data["cases"][2:]
+    for case in (cold, warm, intercepted, zero_code):
         assert case["backend"] == "graph" and set(case["stats"]) >= {"hits", "tunes"}
+        assert 0 < case["import_s"] < case["process_s"]  # the process's first import of cudnn_cache
         plan_build_us = case["stats"].get("plan_build_us")  # None from a build that does not count it
         assert case["plan_build_s"] == (None if plan_build_us is None else plan_build_us / 1e6)
     assert "save_s" in cold
     assert warm["load_s"] >= 0 and warm["loaded_entries"] == 0  # the CPU runs native convolutions: no entries
     assert warm["prepare_s"] is None and warm["prepared_plans"] is None  # no cuDNN on the CPU: prepare not called
-    assert warm["warm_start_s"] == pytest.approx(warm["load_s"] + warm["first_s"])
+    assert warm["warm_start_s"] == pytest.approx(warm["import_s"] + warm["load_s"] + warm["first_s"])
+    # As CUDNN_CACHE_PATH starts a process: the import loaded the file (no load of its own), nothing prepared,
+    # nothing tuned, and its warm start is the import and the first step.
+    assert zero_code["load_s"] is None and zero_code["loaded_entries"] == 0 and zero_code["stats"]["tunes"] == 0
+    assert zero_code["prepare_s"] is None and zero_code["prepared_plans"] is None
+    assert zero_code["warm_start_s"] == pytest.approx(zero_code["import_s"] + zero_code["first_s"])
+    zero_code_target = next(t for t in data["targets"] if t["target"].startswith("zero-code warm start"))
+    assert zero_code_target["value"] == zero_code["warm_start_s"]
     assert warm["derived"]["warm_start_vs_native_heuristic_first"] is not None
     assert intercepted["loaded_entries"] == 0 and intercepted["stats"]["tunes"] == 0
     intercept_target = next(t for t in data["targets"] if t["target"].startswith("intercepted steady"))
