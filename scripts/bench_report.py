@@ -118,6 +118,7 @@ def check_targets(report: dict) -> List[dict]:
     intervals_overlap, whether the 95% intervals of the two steady steps overlap: a median above the limit is a
     loss (met False) only when they do not (see wall_loss); the stretch is judged on the medians alone."""
     ok, targets = successful(report["cases"]), []
+    ran = ok.keys() | failed_cases(report["cases"])  # (workload, mode) of every case that ran, failed or not
 
     def target(workload, text, value, limit, unit, stretch_limit=None, overlap=None):
         row = {"workload": workload, "target": text, "value": value, "limit": limit, "unit": unit,
@@ -142,7 +143,7 @@ def check_targets(report: dict) -> List[dict]:
                get("native_heuristic", "first_s"), "s")
         target(workload, f"warm start (import + load + prepare + first step) ≤ {TARGET_WARM_START_S:g} s",
                get("cache_warm", "warm_start_s"), TARGET_WARM_START_S, "s")
-        if (workload, "cache_env") in ok or (workload, "cache_env") in failed_cases(report["cases"]):
+        if (workload, "cache_env") in ran:
             target(workload, f"zero-code warm start (CUDNN_CACHE_PATH: import with load + first step) ≤ "
                    f"{TARGET_WARM_START_S:g} s", get("cache_env", "warm_start_s"), TARGET_WARM_START_S, "s")
         target(workload, "warm steady ÷ native_benchmark steady ≤ 1.00",
@@ -159,7 +160,7 @@ def check_targets(report: dict) -> List[dict]:
         target(workload, f"cold steady ÷ warm steady ≤ {TARGET_TUNING_PROCESS_RATIO:.2f} (the tuning process at warm "
                "speed)", ratio(get("cache_cold", "steady_ms"), warm_steady), TARGET_TUNING_PROCESS_RATIO, "ratio",
                overlap=overlap(get("cache_cold", "wall_ms"), warm_wall))
-        if (workload, "cache_intercept") in ok or (workload, "cache_intercept") in failed_cases(report["cases"]):
+        if (workload, "cache_intercept") in ran:
             target(workload, f"intercepted steady ÷ converted (cache_warm) steady ≤ {TARGET_INTERCEPT_RATIO:.2f}, "
                    "tuning nothing", intercept_ratio(ok, workload), TARGET_INTERCEPT_RATIO, "ratio")
         audit = get("cache_cold", "audit")
@@ -247,6 +248,10 @@ def number(value: Optional[float], spec: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
+def milliseconds(seconds: Optional[float]) -> str:
+    return number(None if seconds is None else 1e3 * seconds, ".1f", " ms")
+
+
 def table(columns: List[str], rows: List[List[str]]) -> List[str]:
     """A markdown table."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -280,17 +285,17 @@ def start_row(case: dict) -> List[str]:
         tuning += f" ({stats['tunes']})"
     load = "-"
     if "loaded_entries" in case:  # cache_env loads at import: its load time is in the import's
-        load = f"{number(case['load_s'] and 1e3 * case['load_s'], '.1f', ' ms')} ({case['loaded_entries']} entries)"
+        load = f"{milliseconds(case['load_s'])} ({case['loaded_entries']} entries)"
     prepare = "-"
     if case.get("prepare_s") is not None:
-        prepare = f"{1e3 * case['prepare_s']:.1f} ms ({case['prepared_plans']})"
+        prepare = f"{milliseconds(case['prepare_s'])} ({case['prepared_plans']})"
     first = number(case["first_s"], ".2f", " s")
     if "first_s_range" in case:  # --rounds: the median, and the lowest and highest round
         first += f" ({case['first_s_range'][0]:.2f}-{case['first_s_range'][1]:.2f}, {len(case['rounds'])} rounds)"
     return [workload_label(case["workload"]), case["mode"], first, number(case.get("second_s"), ".3f", " s"),
             number(derived["first_vs_native_heuristic_first"], ".2f"), tuning, number(case.get("tune_s"), ".2f", " s"),
             number(case.get("plan_build_s"), ".3f", " s"),
-            number(case.get("import_s") and 1e3 * case["import_s"], ".1f", " ms"), load, prepare,
+            milliseconds(case.get("import_s")), load, prepare,
             number(case.get("warm_start_s"), ".2f", " s"),
             number(derived["warm_start_vs_native_heuristic_first"], ".2f")]
 
