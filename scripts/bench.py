@@ -14,8 +14,8 @@ carries over between them):
                        first step; warm start = import + load + prepare + first step
     cache_intercept    as cache_warm, but the model is not converted: cudnn_cache.intercept() routes PyTorch's
                        own convolutions (aten::convolution and its backward) through the cache
-    cache_env          as a process CUDNN_CACHE_PATH starts: the import loads that file and intercepts, nothing
-                       prepares (each call builds its plan); warm start = import + first step
+    cache_env          as a process CUDNN_CACHE_PATH starts: the import loads that file and intercepts; the first
+                       convolution starts prepare() in the background; warm start = import + first step
 
 Then, unless --no-interleaved, two more processes per workload (WORKLOAD:interleaved:NATIVE_MODE), one per
 native mode: each loads cache_cold's file and takes a steady step natively, through the converted model and

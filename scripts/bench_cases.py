@@ -82,7 +82,7 @@ class Mode:
     miss_policy: Optional[str]   # None: native convolutions; else convert() and run through the cache
     tunes: bool                  # the first step autotunes (so first - steady estimates the tuning time)
     intercept: bool = False      # the model is not converted: cudnn_cache.intercept() routes its convolutions
-    zero_code: bool = False      # CUDNN_CACHE_PATH names the file: the import loads it, nothing prepares
+    zero_code: bool = False      # CUDNN_CACHE_PATH names the file: the import loads it, the first call prepares
 
 
 MODES: Dict[str, Mode] = {
@@ -274,7 +274,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     preparation = None  # a prepare() in the background, whose plans are counted after the first step
     if cache is not None and mode_name in LOADS_COLD_FILE:
         # On the CPU there is no cuDNN and so no plan to build: prepare is not called, and counts as 0 s. Nor
-        # does a process that CUDNN_CACHE_PATH set up: its calls build their plans.
+        # does a process that CUDNN_CACHE_PATH set up: its first call starts a prepare in the background.
         if device.type != "cuda" or mode.zero_code:
             result["prepared_plans"], result["prepare_s"] = None, None
         elif args.prepare_in_background:

@@ -241,6 +241,8 @@ void Runtime::set_log_handler(std::function<void(LogLevel, const std::string&)> 
 Runtime::~Runtime() {
   std::lock_guard lock(background_mutex_);
   if (background_.valid()) background_.wait();
+  std::lock_guard first_call_lock(first_call_mutex_);
+  for (std::future<PrepareReport>& prepare : first_call_prepares_) prepare.wait();
 }
 
 void Runtime::set_backend(Backend backend) {
@@ -426,6 +428,11 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
                   const WorkspaceAllocator& allocate, bool deterministic) {
   using Legacy = LegacyTraits<Traits::direction>;
   DirectionCaches& caches = caches_for_device(device);
+  if constexpr (is_graph<Traits>) {  // Note [Prepare at the first call]
+    if (prepare_at_first_call_[static_cast<std::size_t>(device)].load(std::memory_order_relaxed)) {
+      start_first_call_prepare(device);
+    }
+  }
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
   const Found<Traits> found =
       lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate, deterministic);
@@ -603,6 +610,28 @@ void Runtime::tune_direction(Backend backend, cudnnHandle_t handle, int device, 
 // Measured there (scripts/prepare_cost.py, 2026-12-04): 21 entries of the 3-D stack took 128 ms on one thread,
 // 132 ms on two and 213 ms on eight; MobileNetV2's 90 took 701 ms on one and 339 ms on eight. So a thread is
 // started per 16 entries, up to the usable cores and at most 8.
+// Note [Prepare beside a capture]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// prepare()'s threads make cuDNN handles (cudnnCreate allocates device memory) and build plans (a runtime-compiled
+// engine loads a module): calls CUDA prohibits on every thread while any thread captures a CUDA graph in the
+// global mode, PyTorch's default. A background prepare racing a torch.cuda.graph() capture broke both (H100,
+// 2026-12-05, 10 of 12 tries: the capture raised "operation failed due to a previous error during capture",
+// cudnnCreate failed with DEVICE_ALLOCATION_FAILED). None of these calls is stream work, so none can become part
+// of another thread's capture: each of prepare's threads puts itself in the relaxed capture mode, under which
+// CUDA lets that thread make them whatever other threads capture.
+namespace {
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // the thread's own while the guard lives
+};
+}  // namespace
+
 int default_prepare_threads(std::size_t entries) {
   constexpr std::size_t kEntriesPerThread = 16;
   const auto wanted = static_cast<int>(std::min<std::size_t>((entries + kEntriesPerThread - 1) / kEntriesPerThread, 8));
@@ -612,6 +641,7 @@ int default_prepare_threads(std::size_t entries) {
 PrepareReport Runtime::prepare(int device, int threads) {
   const auto started = std::chrono::steady_clock::now();
   DirectionCaches& caches = caches_for_device(device);
+  prepare_at_first_call_[static_cast<std::size_t>(device)].store(false);  // this prepare is the one it would start
   std::vector<std::pair<ConvolutionKey, std::vector<EngineCandidate>>> work;
   for_each_graph_direction([&](auto traits) {
     for (const auto& [key, ranking] : caches.get<decltype(traits)>().entries()) {
@@ -628,6 +658,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
   std::mutex failure_mutex;
   std::string failure;
   auto build = [&] {
+    const RelaxedCaptureMode relaxed;  // Note [Prepare beside a capture]
     try {
       const HandlePool::Lease lease(device);
       const cudnnHandle_t handle = lease.get();
@@ -661,9 +692,47 @@ PrepareReport Runtime::prepare(int device, int threads) {
 }
 
 void Runtime::prepare_in_background(int device, int threads) {
+  caches_for_device(device);  // checks the index
+  prepare_at_first_call_[static_cast<std::size_t>(device)].store(false);  // no call starts another meanwhile
   std::lock_guard lock(background_mutex_);
   if (background_.valid()) background_.wait();
   background_ = std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); });
+}
+
+// Note [Prepare at the first call]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A process that CUDNN_CACHE_PATH starts loads its file when cudnn_cache is imported, before the training script
+// has picked its GPU (a rank calls torch.cuda.set_device after its imports): a prepare there would make a CUDA
+// context on device 0 in every rank. So the load arms prepare_at_first_call instead, and nothing prepares until
+// a graph-API call runs on a device: that call starts prepare(device) in the background, once per device, and
+// the plans of the calls still to come (the rest of the first step, its backward pass) are built on prepare's
+// threads while the calling thread goes on, building what it meets first itself (a plan now and then is built
+// by both; the plan cache keeps one). Measured before it (H100, 2026-12-05, fresh processes): the zero-code
+// warm start of MobileNetV2 bf16 took 1.09 and 1.31 s with every call building its plan, against 0.53 and 0.60
+// s for load + prepare(background=True). A prepare builds every entry of the device, used by this model or not,
+// so a file of more than kFirstCallPrepareLimit entries of the device (one shared by many models) is left to the
+// calls. Safe beside a CUDA-graph capture (Note [Prepare beside a capture]), even when the first call is in one.
+// Its report is not kept (stats() counts its plans); a failure (no cuDNN handle) leaves the calls to build.
+constexpr std::size_t kFirstCallPrepareLimit = 1000;
+
+void Runtime::prepare_at_first_call(bool on) {
+  for (std::atomic<bool>& armed : prepare_at_first_call_) armed.store(on);
+}
+
+void Runtime::start_first_call_prepare(int device) {
+  if (!prepare_at_first_call_[static_cast<std::size_t>(device)].exchange(false)) return;  // another call did
+  std::size_t entries = 0;
+  DirectionCaches& caches = caches_for_device(device);
+  for_each_graph_direction([&](auto traits) { entries += caches.get<decltype(traits)>().size(); });
+  if (entries == 0 || entries > kFirstCallPrepareLimit) {
+    if (logs(LogLevel::info) && entries > 0) {
+      log(LogLevel::info, detail::concat("prepare at the first call on CUDA device ", device, " skipped: ", entries,
+                                         " entries, more than ", kFirstCallPrepareLimit, " (calls build their plans)"));
+    }
+    return;
+  }
+  std::lock_guard lock(first_call_mutex_);
+  first_call_prepares_.push_back(std::async(std::launch::async, [this, device] { return prepare(device); }));
 }
 
 PrepareReport Runtime::wait_for_prepare() {

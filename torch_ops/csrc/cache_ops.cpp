@@ -333,6 +333,10 @@ std::int64_t prepare_wait() {
   return static_cast<std::int64_t>(rethrow([] { return Runtime::instance().wait_for_prepare(); }).plans);
 }
 
+// CUDNN_CACHE_PATH's load: the first call on each GPU prepares it in the background (Note [Prepare at the first
+// call] in runtime.cpp).
+void prepare_at_first_call(bool on) { Runtime::instance().prepare_at_first_call(on); }
+
 // Core warnings (fallbacks) surface as Python warnings.
 const bool warnings_routed = [] {
   Runtime::instance().set_warning_handler([](const std::string& message) { TORCH_WARN(message); });
@@ -369,6 +373,7 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("get_log_level", &get_log_level);
   m.impl("prepare", &prepare);
   m.impl("prepare_wait", &prepare_wait);
+  m.impl("prepare_at_first_call", &prepare_at_first_call);
 }
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CPU, m) { m.impl("fill", &fill_cpu); }

@@ -65,6 +65,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_log_level() -> str");
   m.def("prepare(int? device=None, int threads=0, bool background=False) -> int");
   m.def("prepare_wait() -> int");
+  m.def("prepare_at_first_call(bool on) -> ()");
 
   // Sharing tuning between processes (cudnn_cache.distributed). An origin is (name, 5 numbers); see
   // exchange_ops.cpp for the row layouts.

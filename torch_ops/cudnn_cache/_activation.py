@@ -11,11 +11,12 @@ there is no file yet), and the save at exit pushes the file's entries to it (cud
 A file that cannot be loaded (corrupt, truncated, of a newer cudnn_cache) is moved aside, never overwritten,
 with a warning; the process starts with an empty cache. In a directory, files are named after the GPU
 (name, compute capability, SM count) and cuDNN major.minor, e.g. NVIDIA_H200-sm90-132sms-cudnn9.19.cache,
-so machines of different kinds can share one directory. The save at exit merges with what the file holds by
-then, under its lock (cudnn_cache.save), so many processes may share one file; a process that holds nothing
-but what it loaded from the file writes nothing. Without a GPU, a directory names no file: the process says so
-and uses none. A value no file can be made of (a FIFO, a path through a regular file) ends the process with
-one line (Note [Bad environment variables] in _environment.py).
+so machines of different kinds can share one directory. Nothing is prepared at import (the script has not
+picked its GPU yet): the first convolution on each GPU starts prepare() of that GPU in the background. The
+save at exit merges with what the file holds by then, under its lock (cudnn_cache.save), so many processes may
+share one file; a process that holds nothing but what it loaded from the file writes nothing. Without a GPU,
+a directory names no file: the process says so and uses none. A value no file can be made of (a FIFO, a path
+through a regular file) ends the process with one line (Note [Bad environment variables] in _environment.py).
 """
 
 import atexit
@@ -117,6 +118,9 @@ def activate(value: str) -> Optional[pathlib.Path]:
                           RuntimeWarning, stacklevel=2)
     if not loaded:
         cudnn_cache.pull_remote()  # a new machine: it has no file yet, the fleet's store may have its entries
+    # Not prepared here: the script has not picked its GPU yet. The first call on each GPU prepares it in the
+    # background (Note [Prepare at the first call] in runtime.cpp), unless the script calls prepare() first.
+    torch.ops.cudnn_cache.prepare_at_first_call(cudnn_cache.size() > 0)
     if _active is None:
         atexit.register(_save_at_exit)
     _active = path

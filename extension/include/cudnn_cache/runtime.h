@@ -419,6 +419,11 @@ class Runtime {
   void prepare_in_background(int device, int threads = 0);
   PrepareReport wait_for_prepare();
 
+  // With `on`, the first graph-API call on each CUDA device starts a prepare() of that device in the background
+  // (Note [Prepare at the first call]); a prepare() of the device, or `on` false, disarms it. What
+  // CUDNN_CACHE_PATH's load turns on.
+  void prepare_at_first_call(bool on);
+
  private:
   static constexpr int kMaxDevices = 64;
 
@@ -460,8 +465,14 @@ class Runtime {
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
   std::array<Origin, kMaxDevices> device_origins_{};  // written under mutex_ before its device_caches_ slot
+  // The first call's prepare of a device, if armed and not started (Note [Prepare at the first call]).
+  void start_first_call_prepare(int device);
+
+  std::array<std::atomic<bool>, kMaxDevices> prepare_at_first_call_{};  // armed, by device
   std::mutex background_mutex_;  // guards background_
   std::future<PrepareReport> background_;
+  std::mutex first_call_mutex_;  // guards first_call_prepares_
+  std::vector<std::future<PrepareReport>> first_call_prepares_;  // their reports are not asked for
 };
 
 }  // namespace cudnn_cache
