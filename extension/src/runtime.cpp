@@ -239,6 +239,7 @@ void Runtime::set_log_handler(std::function<void(LogLevel, const std::string&)> 
 }
 
 Runtime::~Runtime() {
+  stopping_.store(true);  // a prepare still running builds no more plans
   std::lock_guard lock(background_mutex_);
   if (background_.valid()) background_.wait();
   std::lock_guard first_call_lock(first_call_mutex_);
@@ -662,7 +663,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
     try {
       const HandlePool::Lease lease(device);
       const cudnnHandle_t handle = lease.get();
-      for (std::size_t i; (i = next++) < work.size();) {
+      for (std::size_t i; !stopping_.load(std::memory_order_relaxed) && (i = next++) < work.size();) {
         const auto& [key, ranking] = work[i];
         for (const EngineCandidate& config : ranking) {
           if (config.workspace_bytes > limit) continue;  // a call would not run it (Note [Workspace limit])

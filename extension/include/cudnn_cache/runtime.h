@@ -471,6 +471,7 @@ class Runtime {
   std::array<std::atomic<bool>, kMaxDevices> prepare_at_first_call_{};  // armed, by device
   std::mutex background_mutex_;  // guards background_
   std::future<PrepareReport> background_;
+  std::atomic<bool> stopping_{false};  // the runtime is being destroyed: prepares stop building
   std::mutex first_call_mutex_;  // guards first_call_prepares_
   std::vector<std::future<PrepareReport>> first_call_prepares_;  // their reports are not asked for
 };
