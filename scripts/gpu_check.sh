@@ -9,14 +9,20 @@ out=${OUT:-gpu-logs}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
+# Each step's tail and result also go to $out/SUMMARY.txt as it ends: the device tool brings back at most 8 files
+# (in name order, capitals first) and a call that runs past its limit prints nothing, so this file is what is
+# sure to come back.
 step() {  # step NAME COMMAND...: runs COMMAND, logs to $out/NAME.log, prints the tail and the result
   local name=$1
   shift
   local started=$SECONDS
   "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  tail -n "${TAIL_LINES:-15}" "$out/$name.log"
-  echo "== $name: rc=$rc in $((SECONDS - started)) s"
+  local report
+  report="$(tail -n "${TAIL_LINES:-15}" "$out/$name.log")
+== $name: rc=$rc in $((SECONDS - started)) s"
+  echo "$report"
+  echo "$report" >>"$out/SUMMARY.txt"  # one write per step: steps in the background append whole reports
   [ "$rc" -eq 0 ] || status=1
   return "$rc"
 }
