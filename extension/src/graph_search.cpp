@@ -525,9 +525,13 @@ class EngineSearch {
     // runs the fastest: the first pass's fastest of them stands for its pick.
     const std::size_t native_ten = std::min<std::size_t>(timed(), static_cast<std::size_t>(
                                                                       std::max(options_.max_candidates, 1)));
-    for (std::size_t i = 1; i < native_ten; ++i) {
+    std::vector<float> first_pass(native_ten);
+    for (std::size_t i = 0; i < native_ten; ++i) {
+      first_pass[i] = configs_[i].time_ms;
       if (configs_[i].time_ms < configs_[benchmark_pick_].time_ms) benchmark_pick_ = i;
     }
+    // It might as well have picked one of these (Note [Never slower than native's pick]).
+    benchmark_near_ties_ = benchmark_near_ties(first_pass, kBenchmarkNearTie, kBenchmarkNearTies);
   }
 
   // Times native's deterministic pick, heuristics' first deterministic config that builds, unless it was tried
@@ -573,8 +577,8 @@ class EngineSearch {
     return true;
   }
 
-  // Times the fastest `count` configs and native's two picks (the first one timed, which benchmark=False runs,
-  // and benchmark mode's) again, together: `repetitions` interleaved rounds, so drift in clocks or temperature
+  // Times the fastest `count` configs, native's two picks (the first one timed, which benchmark=False runs, and
+  // benchmark mode's) and benchmark mode's near-ties again, together: `repetitions` interleaved rounds, so drift in clocks or temperature
   // affects each alike, and as many again (up to three times in all) while a challenger is faster in the median
   // than the faster of native's picks but not yet shown faster. A config that wins the first pass by less than
   // the noise of one measurement won it by luck as often as not; the paired rounds decide, and a challenger
@@ -584,16 +588,17 @@ class EngineSearch {
     const std::vector<std::size_t> ranked = order();
     std::vector<std::size_t> finalists = ranked;
     finalists.resize(std::min<std::size_t>(finalists.size(), static_cast<std::size_t>(std::max(count, 0))));
-    std::vector<std::size_t> natives{0, benchmark_pick_};
+    std::vector<std::size_t> joining{0, benchmark_pick_};  // native's picks, then challengers
     const bool deterministic = deterministic_picks_ && options_.rank_deterministic;
     if (deterministic) {  // and the fastest deterministic config, their challenger
-      natives.insert(natives.end(), {deterministic_picks_->first, deterministic_picks_->second});
-      natives.push_back(*std::find_if(ranked.begin(), ranked.end(),
+      joining.insert(joining.end(), {deterministic_picks_->first, deterministic_picks_->second});
+      joining.push_back(*std::find_if(ranked.begin(), ranked.end(),
                                       [&](std::size_t i) { return configs_[i].deterministic(); }));
     }
-    for (std::size_t native : natives) {
-      if (!finalists.empty() && std::find(finalists.begin(), finalists.end(), native) == finalists.end()) {
-        finalists.push_back(native);
+    joining.insert(joining.end(), benchmark_near_ties_.begin(), benchmark_near_ties_.end());
+    for (std::size_t config : joining) {
+      if (!finalists.empty() && std::find(finalists.begin(), finalists.end(), config) == finalists.end()) {
+        finalists.push_back(config);
       }
     }
     if (finalists.size() < 2) return;
@@ -663,6 +668,7 @@ class EngineSearch {
   std::vector<EngineCandidate> configs_;
   std::vector<BuiltPlan> plans_;  // of configs_
   std::size_t benchmark_pick_ = 0;  // in configs_: native benchmark mode's pick (time_heuristics)
+  std::vector<std::size_t> benchmark_near_ties_;  // in configs_: the configs it might have picked as well
   // In configs_: native's deterministic picks, heuristics' and benchmark mode's (time_deterministic_pick); none
   // when no deterministic config was timed.
   std::optional<std::pair<std::size_t, std::size_t>> deterministic_picks_;

@@ -64,6 +64,19 @@ std::vector<float> round_ratios(const std::vector<std::vector<float>>& rounds, s
 
 }  // namespace
 
+std::vector<std::size_t> benchmark_near_ties(const std::vector<float>& first_pass_ms, float band, std::size_t most) {
+  std::vector<std::size_t> order(first_pass_ms.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return first_pass_ms[a] < first_pass_ms[b]; });
+  std::vector<std::size_t> ties;
+  for (std::size_t i = 1; i < order.size() && ties.size() < most; ++i) {
+    if (!(first_pass_ms[order[i]] <= band * first_pass_ms[order.front()])) break;
+    ties.push_back(order[i]);
+  }
+  return ties;
+}
+
 std::size_t native_reference(const std::vector<std::vector<float>>& rounds, std::size_t heuristic,
                              std::size_t benchmark) {
   CUDNN_CACHE_REQUIRE(heuristic < rounds.size() && benchmark < rounds.size(), "native_reference: native's picks at ",

@@ -22,6 +22,15 @@
 // Each round times a call from an idle stream, the host's part with the GPU's (Note [Paired rounds time the
 // whole call] in graph_internal.h): a challenger must be faster the way a step sees it.
 //
+// Benchmark mode's pick is itself a draw: it times each of its ten once, so of configs within each other's noise
+// it runs whichever was luckier in that process. The first pass's fastest of the ten stands for it, but another
+// timing (the audit's, a user's process) may pick a config the first pass put a few per cent behind, outside the
+// fastest `finalists`: one that the rounds never timed and that had no chance to lead, though native might run it
+// (ResNet-18's 1x1 stride-2 backward-filter key, H100 2026-12-05: the audit's benchmark pick, engine 65, 1.047x
+// faster than the stored engine 33 in the audit's rounds). So the rounds also time benchmark mode's near-ties:
+// the configs of its ten within kBenchmarkNearTie of the first pass's pick, at most kBenchmarkNearTies of them,
+// as challengers (benchmark_near_ties). Each leads only where the rounds show it faster, as any challenger.
+//
 // Among the challengers shown faster, near-ties resolve the same way: in the order the search timed them
 // (cuDNN's heuristic order first), the first leads unless a later one is shown faster than the leader so far,
 // by the same test on their own per-round ratios. Which of two configs within each other's noise leads is then
@@ -77,6 +86,13 @@ std::vector<std::size_t> round_order(int round, std::size_t count);
 // Whether the median of `ratios` is below 1 with 95% confidence, by the sign test: false with fewer than 5
 // values, which cannot show it.
 bool median_below_one(std::vector<float> ratios);
+
+// Benchmark mode's near-ties (Note [Never slower than native's pick]): the positions in `first_pass_ms` (the
+// first-pass times of the configs benchmark mode times, its ten) whose time is within `band` (a ratio, e.g. 1.1)
+// of the fastest, the fastest itself excluded, fastest first (the earlier on a tie), at most `most`.
+constexpr float kBenchmarkNearTie = 1.10f;
+constexpr std::size_t kBenchmarkNearTies = 3;
+std::vector<std::size_t> benchmark_near_ties(const std::vector<float>& first_pass_ms, float band, std::size_t most);
 
 // Of native's two picks, finalists `heuristic` and `benchmark` (positions in rounds; the same position when they
 // are one config), the reference: `benchmark` where the median of its per-round ratios to `heuristic` is below

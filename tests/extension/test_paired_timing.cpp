@@ -169,6 +169,34 @@ TEST_CASE("the reference is the faster of native's two picks in the median of th
   CHECK_FALSE(challenger_undecided(rounds, reference));
 }
 
+TEST_CASE("benchmark mode's near-ties are the configs of its ten within the band of its pick, fastest first",
+          "[paired_timing]") {
+  // The first pass of ResNet-18's backward-filter key as it may have gone: the pick (position 4) 32.0 us, the
+  // config the audit later found faster (position 7) 33.5 us, 4.7% behind it and outside the fastest three.
+  const std::vector<float> first_pass{0.0400f, 0.0330f, 0.0500f, 0.0328f, 0.0320f, 0.0380f, 0.0900f, 0.0335f};
+  CHECK(benchmark_near_ties(first_pass, kBenchmarkNearTie, kBenchmarkNearTies) ==
+        std::vector<std::size_t>{3, 1, 7});
+  CHECK(benchmark_near_ties(first_pass, kBenchmarkNearTie, 2) == std::vector<std::size_t>{3, 1});
+  CHECK(benchmark_near_ties(first_pass, 1.035f, kBenchmarkNearTies) == std::vector<std::size_t>{3, 1});
+  CHECK(benchmark_near_ties(first_pass, 1.0f, kBenchmarkNearTies).empty());
+  // On a tie with the pick, the earlier stands for the pick (as time_heuristics picks) and the later is a tie.
+  CHECK(benchmark_near_ties({0.5f, 0.5f, 0.6f}, 1.1f, 3) == std::vector<std::size_t>{1});
+  CHECK(benchmark_near_ties({0.5f}, 1.1f, 3).empty());
+  CHECK(benchmark_near_ties({}, 1.1f, 3).empty());
+
+  // Timed in the rounds as a challenger, the near-tie leads only where they show it faster than the reference.
+  const std::vector<float> pick{1.00f, 1.01f, 0.99f, 1.00f, 1.02f, 1.00f, 0.99f};
+  const std::vector<float> faster{0.955f, 0.96f, 0.95f, 0.955f, 0.97f, 0.955f, 0.945f};
+  std::vector<EngineCandidate> configs{config(33, 1.00f), config(65, 1.04f)};
+  settle_against_native(configs, 0, {0, 1}, {pick, faster});
+  CHECK(ranked_engines(configs) == std::vector<std::int64_t>{65, 33});
+  std::vector<float> within_noise = faster;
+  within_noise[2] = 1.00f;  // slower in one round of seven: not shown faster
+  configs = {config(33, 1.00f), config(65, 1.04f)};
+  settle_against_native(configs, 0, {0, 1}, {pick, within_noise});
+  CHECK(ranked_engines(configs) == std::vector<std::int64_t>{33, 65});
+}
+
 TEST_CASE("a challenger leads the faster native pick only where the rounds show it faster than that one",
           "[paired_timing]") {
   const std::vector<float> heuristic{1.00f, 1.00f, 1.00f, 1.00f, 1.00f, 1.00f, 1.00f};

@@ -38,8 +38,9 @@
 //      setting; this bounded local search finds the tile or split a shape prefers. Runtime-compiled engines
 //      are skipped: every variant would be another compilation;
 //   4. the fastest `finalists` so far and native's two picks (heuristics' first, which benchmark=False runs,
-//      and the fastest of step 1's first ten, standing for benchmark mode's), timed again together in
-//      `repetitions` interleaved rounds, and their medians replace the first ones.
+//      and the fastest of step 1's first ten, standing for benchmark mode's) with that pick's near-ties among
+//      the ten (configs benchmark mode might have run as well), timed again together in `repetitions`
+//      interleaved rounds, and their medians replace the first ones.
 //      Many configs lie within a few per cent of each other, and the fastest of a dozen medians taken one
 //      after another is the luckiest as often as the best: a paired second measurement removes that bias,
 //      the way audit_engine_choice measures. A challenger ranks before the faster of native's picks only where
