@@ -604,13 +604,6 @@ void Runtime::tune_direction(Backend backend, cudnnHandle_t handle, int device, 
   }
 }
 
-// Note [Prepare's threads]
-// ~~~~~~~~~~~~~~~~~~~~~~~~
-// Each of prepare()'s threads builds with a cuDNN handle of its own, and in a warm process (prepare's purpose)
-// none exists yet: making one takes 11-20 ms on an H200, and the threads' plan builds contend inside cuDNN.
-// Measured there (scripts/prepare_cost.py, 2026-12-04): 21 entries of the 3-D stack took 128 ms on one thread,
-// 132 ms on two and 213 ms on eight; MobileNetV2's 90 took 701 ms on one and 339 ms on eight. So a thread is
-// started per 16 entries, up to the usable cores and at most 8.
 // Note [Prepare beside a capture]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // prepare()'s threads make cuDNN handles (cudnnCreate allocates device memory) and build plans (a runtime-compiled
@@ -633,6 +626,13 @@ class RelaxedCaptureMode {
 };
 }  // namespace
 
+// Note [Prepare's threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Each of prepare()'s threads builds with a cuDNN handle of its own, and in a warm process (prepare's purpose)
+// none exists yet: making one takes 11-20 ms on an H200, and the threads' plan builds contend inside cuDNN.
+// Measured there (scripts/prepare_cost.py, 2026-12-04): 21 entries of the 3-D stack took 128 ms on one thread,
+// 132 ms on two and 213 ms on eight; MobileNetV2's 90 took 701 ms on one and 339 ms on eight. So a thread is
+// started per 16 entries, up to the usable cores and at most 8.
 int default_prepare_threads(std::size_t entries) {
   constexpr std::size_t kEntriesPerThread = 16;
   const auto wanted = static_cast<int>(std::min<std::size_t>((entries + kEntriesPerThread - 1) / kEntriesPerThread, 8));

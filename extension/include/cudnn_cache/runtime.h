@@ -447,6 +447,9 @@ class Runtime {
   Ranking<Traits> search(Chosen& backend, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                          const WorkspaceAllocator& allocate, bool deterministic);
 
+  // The first call's prepare of a device, if armed and not started (Note [Prepare at the first call]).
+  void start_first_call_prepare(int device);
+
   CacheStore store_;
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<InFlight> searching_;  // the keys being searched now (Note [One search per key])
@@ -465,9 +468,6 @@ class Runtime {
   std::function<void(const std::string&)> warning_handler_;
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
   std::array<Origin, kMaxDevices> device_origins_{};  // written under mutex_ before its device_caches_ slot
-  // The first call's prepare of a device, if armed and not started (Note [Prepare at the first call]).
-  void start_first_call_prepare(int device);
-
   std::array<std::atomic<bool>, kMaxDevices> prepare_at_first_call_{};  // armed, by device
   std::mutex background_mutex_;  // guards background_
   std::future<PrepareReport> background_;
