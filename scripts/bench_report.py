@@ -474,7 +474,8 @@ def notes(settings: dict) -> List[str]:
         "'error'). prepare: cudnn_cache.prepare() after it, before the first step, which builds the execution plan "
         "of every loaded graph-API entry of the GPU (in parentheses, the plans it reports). warm start: import + "
         "load + prepare + first step. cache_env: a process as CUDNN_CACHE_PATH starts it (the import loads the "
-        "file and routes PyTorch's convolutions through the cache; nothing prepares, each call builds its plan), "
+        "file and routes PyTorch's convolutions through the cache; its first convolution starts prepare() in the "
+        "background, and the calls build what it has not built yet), "
         "with miss policy 'error'; its stats count from the process's start, the set-up convolution included." + (
             " With --prepare-in-background: prepare(background=True), timed to its return (it starts the builds), "
             "and the first step goes on at once, building what the background has not built yet; the plans are "
