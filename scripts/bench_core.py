@@ -24,6 +24,13 @@ TARGETS = {
     "graph_cache_find_hit": ("graph-API cache find, hit (10k entries)", 100.0, "ns"),
     "cache_find_miss": ("cache find, miss (10k entries)", 100.0, "ns"),
     "plan_cache_get_hit": ("plan cache lookup, hit (1k entries)", 100.0, "ns"),
+    # Note [Each thread's own hits]: a call's lookups through the shared caches, and through its thread's memo.
+    "hit_lookup_shared": ("a hit's lookups through the shared caches (ranking, count, plan)", None, "ns"),
+    "hit_lookup_memo": ("a hit's lookups through the thread's memo", 100.0, "ns"),
+    # Two threads taking turns, as a training step's forward and backward threads do: per turn of both.
+    "hit_lookup_in_turn/0/real_time": ("two threads in turn: the hand-over alone", None, "ns"),
+    "hit_lookup_in_turn/1/real_time": ("two threads in turn: hand-over + a shared-cache hit each", None, "ns"),
+    "hit_lookup_in_turn/2/real_time": ("two threads in turn: hand-over + a memo hit each", None, "ns"),
     "save_10k": ("save of 10k entries, replacing the file", None, "ms"),
     "save_10k_merging": ("save of 10k entries, merged with a file of the same 10k", None, "ms"),
     "load_10k": ("load of 10k entries", 20.0, "ms"),

@@ -10,7 +10,11 @@
 //   kind                    what a candidate is called in logs and errors
 //   backend                 the Backend it is (for recorded misses)
 //   search(buffers, alloc, options)  times every candidate now and returns them ranked
-//   run(c, best, buffers, alloc)  runs candidate c; "" when it ran, else why it could not (a fallback)
+//   Ready                   what a candidate needs made before it runs (the graph API: its plan)
+//   ready(c, best)          makes candidate c ready
+//   refusal(ready)          why the candidate cannot run at all, or null (a fallback)
+//   run(ready, c, buffers, alloc)  runs candidate c made ready; "" when it ran, else why it could not (a
+//                           fallback). A Ready may run again, on later calls (Note [Each thread's own hits])
 //   borrow(ranking)         what of another key's ranking this key may run (the nearest miss policy)
 // The legacy backend also gives cuDNN's heuristic order, the last resort of both (heuristics()).
 
@@ -60,7 +64,12 @@ class LegacyBackend {
     return ranking;
   }
 
-  std::string run(const Candidate<Traits>& candidate, bool /*best*/, const ConvolutionBuffers& buffers,
+  // An algorithm runs as it is: nothing to make, and never refused.
+  struct Ready {};
+  Ready ready(const Candidate<Traits>& /*candidate*/, bool /*best*/) { return {}; }
+  static const std::string* refusal(const Ready& /*ready*/) { return nullptr; }
+
+  std::string run(const Ready& /*ready*/, const Candidate<Traits>& candidate, const ConvolutionBuffers& buffers,
                   const WorkspaceAllocator& allocate) {
     std::optional<Workspace> workspace = workspace_for(allocate, candidate.workspace_bytes);
     if (!workspace) return out_of_memory(Traits::algorithm_name(candidate.algorithm), candidate.workspace_bytes);
@@ -160,11 +169,17 @@ class GraphBackend {
     return Ranking<GraphTraits<D>>::of(kept.begin(), kept.end());
   }
 
-  std::string run(const EngineCandidate& config, bool best, const ConvolutionBuffers& buffers,
+  // The config's plan, from the plan cache (made on first use), or cuDNN's refusal to build one.
+  using Ready = PlanCache::Shared;
+  Ready ready(const EngineCandidate& config, bool best) {
+    return plans_.get(handle_, device_, key_, config, stored_, best);
+  }
+  static const std::string* refusal(const Ready& ready) { return ready->plan ? nullptr : &ready->refusal; }
+
+  std::string run(const Ready& ready, const EngineCandidate& config, const ConvolutionBuffers& buffers,
                   const WorkspaceAllocator& allocate) {
-    const PlanCache::Entry entry = plans_.get(handle_, device_, key_, config, stored_, best);
-    if (!entry.plan) return *entry.refusal;
-    const GraphPlan& plan = *entry.plan;
+    ready->use();  // a run from a thread's memo is a use too (Note [Plan cache])
+    const GraphPlan& plan = *ready->plan;
     std::optional<Workspace> workspace = workspace_for(allocate, plan.workspace_bytes());
     if (!workspace) return out_of_memory(to_string(config), plan.workspace_bytes());
     try {

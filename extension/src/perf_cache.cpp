@@ -22,6 +22,11 @@ static_assert(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING == 6);
 
 }  // namespace
 
+std::uint64_t next_cache_version() {
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 std::string ForwardTraits::algorithm_name(int algorithm) { return lookup(kForwardNames, algorithm); }
 std::string BackwardDataTraits::algorithm_name(int algorithm) { return lookup(kBackwardDataNames, algorithm); }
 std::string BackwardFilterTraits::algorithm_name(int algorithm) { return lookup(kBackwardFilterNames, algorithm); }

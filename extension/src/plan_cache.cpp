@@ -25,21 +25,18 @@ std::shared_ptr<const StoredPlan> keep_serialized(const ConvolutionKey& key, con
 
 }  // namespace
 
-PlanCache::Entry PlanCache::get(cudnnHandle_t handle, int device, const ConvolutionKey& key,
-                                const EngineCandidate& config, PlanStore& stored, bool best) {
+PlanCache::Shared PlanCache::get(cudnnHandle_t handle, int device, const ConvolutionKey& key,
+                                 const EngineCandidate& config, PlanStore& stored, bool best) {
   const Slot slot{device, key, config};
   {
     std::shared_lock lock(mutex_);
     if (const auto found = entries_.find(slot); found != entries_.end()) {
-      // Read first: a flag already set is not written again, so threads hitting one entry share its cache line.
-      if (!found->second.used.load(std::memory_order_relaxed)) {
-        found->second.used.store(true, std::memory_order_relaxed);
-      }
-      return found->second.entry;
+      found->second->use();
+      return found->second;
     }
   }
-  Entry made = restore(handle, key, config, stored);
-  if (!made.plan) made = build(handle, key, config, stored, best);
+  Shared made = restore(handle, key, config, stored);
+  if (!made) made = build(handle, key, config, stored, best);
   return insert(slot, std::move(made));
 }
 
@@ -59,11 +56,11 @@ void PlanCache::adopt(cudnnHandle_t handle, int device, const ConvolutionKey& ke
   } catch (const Error& e) {
     debug("kept the search's own plan of ", to_string(config), " for ", key, ": ", e.what());
   }
-  insert(Slot{device, key, config}, Entry{remade ? std::move(remade) : std::move(searched), nullptr});
+  insert(Slot{device, key, config}, std::make_shared<const Entry>(remade ? std::move(remade) : std::move(searched), ""));
 }
 
 void PlanCache::set_limit(std::size_t limit) {
-  std::vector<std::shared_ptr<const GraphPlan>> evicted;  // declared first: destroyed after the lock is released
+  std::vector<Shared> evicted;  // declared first: let go of after the lock is released
   std::unique_lock lock(mutex_);
   limit_.store(limit, std::memory_order_relaxed);
   sweep(entries_.end(), evicted);
@@ -79,15 +76,15 @@ bool PlanCache::contains(int device, const ConvolutionKey& key, const EngineCand
   return entries_.count(Slot{device, key, config}) != 0;
 }
 
-PlanCache::Entry PlanCache::insert(const Slot& slot, Entry made) {
-  std::vector<std::shared_ptr<const GraphPlan>> evicted;  // declared first: destroyed after the lock is released
+PlanCache::Shared PlanCache::insert(const Slot& slot, Shared made) {
+  std::vector<Shared> evicted;  // declared first: let go of after the lock is released
   std::unique_lock lock(mutex_);
   const auto [kept, inserted] = entries_.try_emplace(slot, std::move(made));
   if (inserted) sweep(kept, evicted);
-  return kept->second.entry;
+  return kept->second;
 }
 
-void PlanCache::sweep(Entries::const_iterator inserted, std::vector<std::shared_ptr<const GraphPlan>>& evicted) {
+void PlanCache::sweep(Entries::const_iterator inserted, std::vector<Shared>& evicted) {
   const std::size_t limit = limit_.load(std::memory_order_relaxed);
   if (limit == 0 || entries_.size() <= limit) return;
   const std::size_t target = limit - limit / 10;  // at least 1, so `inserted` can always stay
@@ -96,28 +93,29 @@ void PlanCache::sweep(Entries::const_iterator inserted, std::vector<std::shared_
   // needed, evicts among entries that have all had theirs.
   for (int pass = 0; pass < 2 && entries_.size() > target; ++pass) {
     for (auto it = entries_.begin(); it != entries_.end();) {
-      const bool spared = it == inserted || it->second.used.exchange(false, std::memory_order_relaxed) ||
+      const bool spared = it == inserted || it->second->used.exchange(false, std::memory_order_relaxed) ||
                           entries_.size() <= target;
       if (spared) {
         ++it;
         continue;
       }
-      evicted.push_back(std::move(it->second.entry.plan));
+      evicted.push_back(std::move(it->second));
       it = entries_.erase(it);
       ++plan_evictions;
     }
   }
+  if (!evicted.empty()) version_.store(next_cache_version(), std::memory_order_release);
 }
 
 // The plan `stored` holds for this config, if this cuDNN can load it; a stored plan it cannot load is counted
 // as a rebuild.
-PlanCache::Entry PlanCache::restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
-                                    const PlanStore& stored) {
+PlanCache::Shared PlanCache::restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
+                                     const PlanStore& stored) {
   const std::shared_ptr<const StoredPlan> plan = stored.find(key);
-  if (!plan || !plan->config.same_choice(config)) return {};
+  if (!plan || !plan->config.same_choice(config)) return nullptr;
   if (plan->cudnn_version == static_cast<std::uint32_t>(cudnnGetVersion())) {
     try {
-      Entry restored{std::make_shared<const GraphPlan>(handle, key, plan->bytes), {}};
+      Shared restored = std::make_shared<const Entry>(std::make_shared<const GraphPlan>(handle, key, plan->bytes), "");
       ++plans_deserialized;
       debug("plan restored: ", to_string(config), " for ", key);
       return restored;
@@ -128,26 +126,25 @@ PlanCache::Entry PlanCache::restore(cudnnHandle_t handle, const ConvolutionKey& 
     debug("stored plan is of cuDNN ", plan->cudnn_version, ": rebuilding ", to_string(config), " for ", key);
   }
   ++plan_rebuilds;
-  return {};
+  return nullptr;
 }
 
-PlanCache::Entry PlanCache::build(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
-                                  PlanStore& stored, bool best) {
+PlanCache::Shared PlanCache::build(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
+                                   PlanStore& stored, bool best) {
   const auto started = std::chrono::steady_clock::now();
-  Entry built;
+  std::shared_ptr<const GraphPlan> plan;
   try {
-    built.plan = std::make_shared<const GraphPlan>(handle, key, config);
+    plan = std::make_shared<const GraphPlan>(handle, key, config);
   } catch (const Error& e) {
-    built.refusal = std::make_shared<const std::string>(e.what());
     debug("plan refused: ", to_string(config), " for ", key, ": ", e.what());
-    return built;
+    return std::make_shared<const Entry>(nullptr, e.what());
   }
   ++plans_built;
   const std::uint64_t us = microseconds_since(started);
   build_us += us;
   debug("plan built in ", us / 1000.0, " ms: ", to_string(config), " for ", key);
-  if (best) keep_serialized(key, config, *built.plan, stored);
-  return built;
+  if (best) keep_serialized(key, config, *plan, stored);
+  return std::make_shared<const Entry>(std::move(plan), "");
 }
 
 template <typename... Args>

@@ -12,15 +12,16 @@
 //
 // A run whose input shapes keep changing would grow the cache without bound, so it keeps at most limit()
 // entries (10000 by default, as PyTorch's own cuDNN v8 plan cache; 0 keeps every entry), evicting the least
-// recently used approximately, by second chance (CLOCK): a hit sets its entry's `used` flag under the shared
-// lock, so the hit path takes no exclusive lock and writes only a flag that is usually set already. An insert
+// recently used approximately, by second chance (CLOCK): each use sets its entry's `used` flag (a get() under the
+// shared lock; a run from a thread's memo, Note [Each thread's own hits] in call_memo.h, with none), so the hit
+// path takes no exclusive lock and writes only a flag that is usually set already. An insert
 // that takes the cache over the limit sweeps it under the exclusive lock: entries not used since the last
 // sweep are evicted until the cache holds 90% of the limit, and the flags of all that stay are cleared; so a
 // sweep's O(n) is paid once per tenth of the limit inserted, not once per insert. Should too few entries be
 // unused, a second pass evicts among the others, in no particular order. The entry just inserted is never evicted, and a new entry
-// counts as used (its caller is about to run it). Entries can leave, so get() returns its entry by value, a
-// shared pointer: a plan another thread runs stays alive until that run ends. Evicted plans are destroyed
-// after the lock is released, since destroying a plan calls into cuDNN.
+// counts as used (its caller is about to run it). Entries can leave, so get() shares its entry: a plan another
+// thread runs, or a memo holds, stays alive until that run ends or that memo lets it go. Evicted plans are
+// destroyed after the lock is released, since destroying a plan calls into cuDNN.
 //
 // Note [The plan a search keeps]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -54,18 +55,28 @@ class PlanCache {
 
   explicit PlanCache(Runtime& runtime) : runtime_(runtime) {}
 
-  // Copied out of the cache on every hit, so both members are shared pointers: one reference count changes,
-  // nothing is allocated.
+  // A slot's plan, or cuDNN's refusal to build one, and its second-chance flag (Note [Plan cache]). Shared by
+  // the cache and whoever runs it: a hit copies one shared pointer and allocates nothing.
   struct Entry {
-    std::shared_ptr<const GraphPlan> plan;       // null when cuDNN refused the config
-    std::shared_ptr<const std::string> refusal;  // why it did; null when it built
+    Entry(std::shared_ptr<const GraphPlan> made, std::string why_not)
+        : plan(std::move(made)), refusal(std::move(why_not)) {}
+    // Counts a run of the plan as a use: the next sweep spares it. A flag set already is read, not written, so
+    // threads running one plan share its cache line.
+    void use() const {
+      if (!used.load(std::memory_order_relaxed)) used.store(true, std::memory_order_relaxed);
+    }
+
+    const std::shared_ptr<const GraphPlan> plan;  // null when cuDNN refused the config
+    const std::string refusal;                    // why it did; empty when it built
+    mutable std::atomic<bool> used{true};         // a new entry counts as used
   };
+  using Shared = std::shared_ptr<const Entry>;
 
   // The entry of `config` for `key` on `device`, made on first use: from the plan `stored` holds for the key
   // when it is one of this config and this cuDNN, else built (Note [Stored plans]). When `best` (the config
   // leads its ranking) and cuDNN compiled it at run time, the plan built is serialized into `stored`.
-  Entry get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
-                   PlanStore& stored, bool best);
+  Shared get(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
+             PlanStore& stored, bool best);
 
   // Keeps a plan of `config`, the best config a search found, for the calls that follow: the plan a warm process
   // would run, made on `handle` from `searched` (the search's plan of that config), which is kept itself only
@@ -82,15 +93,18 @@ class PlanCache {
   std::size_t size() const;
   // Whether the slot has an entry; unlike get(), this does not count as a use.
   bool contains(int device, const ConvolutionKey& key, const EngineCandidate& config) const;
+  // The cache's version (Note [Cache versions] in perf_cache.h): a new one whenever an entry is evicted. An
+  // entry, once stored, is the slot's until it is evicted, so stores leave the version as it is.
+  std::uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
   std::atomic<std::uint64_t> plans_built{0}, build_us{0}, plans_deserialized{0}, plan_rebuilds{0},
       plan_evictions{0};
 
  private:
-  Entry restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
-                const PlanStore& stored);
-  Entry build(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config, PlanStore& stored,
-              bool best);
+  Shared restore(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config,
+                 const PlanStore& stored);
+  Shared build(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config, PlanStore& stored,
+               bool best);
   template <typename... Args>
   void debug(const Args&... args);
 
@@ -108,24 +122,18 @@ class PlanCache {
     std::size_t operator()(const Slot& slot) const;
   };
 
-  // An entry and its second-chance flag (Note [Plan cache]). The flag is written under the shared lock, so it
-  // is atomic; nodes of the map never move, so it needs no copy.
-  struct Kept {
-    explicit Kept(Entry made) : entry(std::move(made)) {}
-    Entry entry;
-    std::atomic<bool> used{true};
-  };
-  using Entries = std::unordered_map<Slot, Kept, SlotHash>;
+  using Entries = std::unordered_map<Slot, Shared, SlotHash>;
 
   // Stores `made` unless another thread stored the slot first, then sweeps if over the limit; the entry kept.
-  Entry insert(const Slot& slot, Entry made);
-  // Evicts entries down to 90% of the limit, never `inserted` (end(): any may go); the evicted plans are moved to `evicted`, for
-  // the caller to destroy outside the lock. The caller holds the exclusive lock.
-  void sweep(Entries::const_iterator inserted, std::vector<std::shared_ptr<const GraphPlan>>& evicted);
+  Shared insert(const Slot& slot, Shared made);
+  // Evicts entries down to 90% of the limit, never `inserted` (end(): any may go); the evicted entries are moved to
+  // `evicted`, for the caller to let go of outside the lock. The caller holds the exclusive lock.
+  void sweep(Entries::const_iterator inserted, std::vector<Shared>& evicted);
 
   mutable std::shared_mutex mutex_;
   Entries entries_;
   std::atomic<std::size_t> limit_{kDefaultLimit};
+  std::atomic<std::uint64_t> version_{next_cache_version()};
 };
 
 }  // namespace cudnn_cache

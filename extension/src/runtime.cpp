@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backends.h"
+#include "call_memo.h"
 #include "cudnn_cache/error.h"
 #include "elapsed.h"
 #include "handle_pool.h"
@@ -128,26 +129,32 @@ void require_not_capturing(cudnnHandle_t handle, const ConvolutionKey& key) {
 }
 
 // What a walk over candidates came to: whether one ran, and why the last eligible one that could not run did
-// not ("" when none failed).
+// not ("" when none failed); the one that ran, by its place, and what the backend made ready for it.
+template <typename Chosen>
 struct Walk {
   bool ran = false;
   std::string why_not;
+  std::size_t position = 0;
+  typename Chosen::Ready ready;
 };
 
 // The one walk of every call (Note [Running a cached convolution]): runs the candidates in order, skipping those
 // the call may not run, until one runs. `ranked`: the first candidate leads a ranking (the backend may keep
 // what it builds for it); cuDNN's heuristic order is not one.
 template <typename Chosen, typename Candidates>
-Walk walk(Chosen& backend, const Candidates& candidates, bool ranked, const ConvolutionBuffers& buffers,
-          const WorkspaceAllocator& allocate, const Constraints& constraints) {
-  Walk walked;
-  bool first = ranked;
-  for (const auto& candidate : candidates) {
-    const bool leads = std::exchange(first, false);  // by place, whether or not the call may run it
+Walk<Chosen> walk(Chosen& backend, const Candidates& candidates, bool ranked, const ConvolutionBuffers& buffers,
+                  const WorkspaceAllocator& allocate, const Constraints& constraints) {
+  Walk<Chosen> walked;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const auto& candidate = candidates[i];
     if (!eligible(candidate, constraints)) continue;
-    std::string failure = backend.run(candidate, leads, buffers, allocate);
+    typename Chosen::Ready ready = backend.ready(candidate, ranked && i == 0);  // leads by place, eligible or not
+    const std::string* refusal = Chosen::refusal(ready);
+    std::string failure = refusal ? *refusal : backend.run(ready, candidate, buffers, allocate);
     if (failure.empty()) {
       walked.ran = true;
+      walked.position = i;
+      walked.ready = std::move(ready);
       return walked;
     }
     walked.why_not = std::move(failure);
@@ -161,7 +168,7 @@ template <typename Traits>
 void run_heuristics(LegacyBackend<Traits>& legacy, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                     const WorkspaceAllocator& allocate, const Constraints& constraints,
                     const std::string& why_not_cached) {
-  const Walk walked = walk(legacy, legacy.heuristics(), false, buffers, allocate, constraints);
+  const auto walked = walk(legacy, legacy.heuristics(), false, buffers, allocate, constraints);
   if (walked.ran) return;
   throw Error(detail::concat("cudnn_cache: no cuDNN engine or algorithm could run ", key, " (last: ",
                              why_not_cached.empty() ? "" : why_not_cached + "; ",
@@ -198,6 +205,12 @@ auto named_variable(const char* variable, Parse parse, const char* stays) -> std
 }
 
 }  // namespace
+
+std::size_t SpreadCounter::shard() {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed) % kShards;
+  return mine;
+}
 
 Runtime& Runtime::instance() {
   static Runtime runtime;
@@ -317,7 +330,8 @@ Stats Runtime::stats() const {
 }
 
 void Runtime::reset_stats() {
-  for (auto* counter : {&hits_, &misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
+  hits_.reset();
+  for (auto* counter : {&misses_, &tunes_, &fallbacks_, &tune_us_, &plans_->plans_built, &plans_->build_us,
                         &plans_->plans_deserialized, &plans_->plan_rebuilds, &plans_->plan_evictions,
                         &capture_misses_, &tune_waits_, &lent_}) {
     *counter = 0;
@@ -423,6 +437,26 @@ void Runtime::count_fallback(const std::string& what) {
   }
 }
 
+namespace {
+
+// What a thread's hit of a key ran (Note [Each thread's own hits]): the ranking, the place in it of the candidate
+// that ran, and what the backend made ready for that candidate.
+template <typename Traits>
+struct Memoized {
+  std::shared_ptr<const Ranking<Traits>> ranking;
+  std::size_t position = 0;
+  typename BackendOf<Traits>::type::Ready ready;
+};
+
+// The calling thread's memo of the caches of Traits.
+template <typename Traits>
+CallMemo<Memoized<Traits>>& call_memo() {
+  thread_local CallMemo<Memoized<Traits>> memo;
+  return memo;
+}
+
+}  // namespace
+
 // Note [Running a cached convolution] is this function; Note [One run path] says what a backend adds to it.
 template <typename Traits>
 void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
@@ -435,10 +469,24 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
     }
   }
   auto backend = backend_for<Traits>(handle, device, key, *plans_, caches);
-  const Found<Traits> found =
-      lookup<Traits>(handle, device, caches.get<Traits>(), key, backend, buffers, allocate, deterministic);
+  PerfCache<Traits>& cache = caches.get<Traits>();
   const Constraints constraints{deterministic, workspace_limit()};
   const BoundedAllocator bounded(allocate, constraints.workspace_limit);
+  // Note [Each thread's own hits]; the versions first, so that a change after them makes what follows stale.
+  CallMemo<Memoized<Traits>>& memo = call_memo<Traits>();
+  const typename CallMemo<Memoized<Traits>>::Versions versions{cache.version(), plans_->version(),
+                                                               constraints.workspace_limit};
+  const bool memoizes = !logs(LogLevel::debug);  // a debug log shows every hit, which the memo would not
+  if (memoizes) {
+    if (const Memoized<Traits>* hit = memo.find(&cache, key, deterministic, versions)) {
+      if (backend.run(hit->ready, (*hit->ranking)[hit->position], buffers, bounded.get()).empty()) {
+        hits_.add(1);
+        return;
+      }
+      memo.erase(&cache, key, deterministic);  // the full path walks it again, and counts what it passes over
+    }
+  }
+  const Found<Traits> found = lookup<Traits>(handle, device, cache, key, backend, buffers, allocate, deterministic);
   std::string why_not;  // why the cached candidates did not run, when they did not
   if constexpr (is_graph<Traits>) {  // Note [Deterministic calls]
     if (deterministic && found.ranking &&
@@ -448,7 +496,11 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
     }
   }
   if (found.ranking) {
-    Walk walked = walk(backend, *found.ranking, !found.lent, buffers, bounded.get(), constraints);
+    auto walked = walk(backend, *found.ranking, !found.lent, buffers, bounded.get(), constraints);
+    if (walked.ran && walked.why_not.empty() && !found.lent && memoizes) {
+      memo.insert(&cache, key, deterministic, versions,
+                  Memoized<Traits>{found.ranking, walked.position, std::move(walked.ready)});
+    }
     if (walked.ran && (walked.why_not.empty() || found.lent)) return;
     if (!found.lent) {  // a lent candidate passed over is no fallback: nothing was cached for the key
       why_not = walked.why_not.empty() ? none_eligible(constraints) : std::move(walked.why_not);
@@ -507,7 +559,7 @@ Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCac
   const char* kind = Chosen::kind;
   std::shared_ptr<const Ranking<Traits>> ranking = cache.find(key);
   if (ranking) {
-    ++hits_;
+    hits_.add(1);
     if (logs(LogLevel::debug)) {
       log(LogLevel::debug, detail::concat("hit: ", kind, " ", Traits::describe(ranking->front()), " for ", key));
     }
@@ -667,7 +719,7 @@ PrepareReport Runtime::prepare(int device, int threads) {
         const auto& [key, ranking] = work[i];
         for (const EngineCandidate& config : ranking) {
           if (config.workspace_bytes > limit) continue;  // a call would not run it (Note [Workspace limit])
-          if (plans_->get(handle, device, key, config, caches.plans, &config == &ranking.front()).plan) {
+          if (plans_->get(handle, device, key, config, caches.plans, &config == &ranking.front())->plan) {
             ++ready;
             break;
           }

@@ -5,15 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cudnn_cache/atomic_file.h"
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/descriptors.h"
 #include "cudnn_cache/synthetic.h"
+#include "call_memo.h"
+#include "cudnn_cache/runtime.h"
 #include "plan_cache.h"
 
 namespace {
@@ -112,6 +116,130 @@ void plan_cache_get_hit(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(plans.get(nullptr, 0, key, ranking.front(), stored, false));
 }
 BENCHMARK(plan_cache_get_hit);
+
+// Note [Each thread's own hits] (call_memo.h): what a hit looks up before its plan runs, the shared caches' way
+// (the ranking from the perf cache, the hit counted, the plan from the plan cache) against a thread's memo (the
+// two caches' versions read, the memo's entry found, the hit counted in the thread's own slot). Both read the
+// runtime's log level and workspace limit, as a call does. In a training step the forward runs on one thread and
+// the backward on autograd's: hit_lookup_in_turn has two threads take turns, each with a key of its own
+// direction, as those two do; its argument says what each turn does: 0 nothing (the hand-over alone), 1 the
+// shared caches' lookup, 2 the memo's. A call's cost is (arg 1 or 2 - arg 0) / 2 per iteration.
+struct HitPath {
+  // What the runtime's fields were before the hit counter moved to a SpreadCounter: read and written on one line.
+  struct Fields {
+    std::atomic<int> log_level{0};
+    std::atomic<std::uint64_t> workspace_limit{Runtime::kNoWorkspaceLimit};
+    std::atomic<std::uint64_t> hits{0};
+  };
+  template <typename Traits>
+  struct Memoized {
+    std::shared_ptr<const Ranking<Traits>> ranking;
+    std::size_t position = 0;
+    PlanCache::Shared ready;
+  };
+  template <typename Traits>
+  struct Side {
+    const PerfCache<Traits>* cache = nullptr;
+    ConvolutionKey key;
+    EngineCandidate config;
+    CallMemo<Memoized<Traits>> memo;  // used only by the thread of this side
+  };
+
+  FilledCache filled;
+  PlanCache plans{Runtime::instance()};
+  PlanStore stored;
+  Fields fields;
+  SpreadCounter hits;
+  Side<GraphForwardTraits> forward;
+  Side<GraphBackwardDataTraits> backward;
+
+  HitPath() {
+    set_up(forward, filled.store.caches(synthetic_origin()).graph_forward);
+    set_up(backward, filled.store.caches(synthetic_origin()).graph_backward_data);
+  }
+
+  template <typename Traits>
+  void set_up(Side<Traits>& side, const PerfCache<Traits>& cache) {
+    side.cache = &cache;
+    for (const auto& [key, ranking] : cache.entries()) {  // a config stored by engine and knobs (see plan_cache_get_hit)
+      if (ranking.front().heuristic_index != EngineCandidate::kNotListed) continue;
+      side.key = key;
+      side.config = ranking.front();
+      break;
+    }
+    shared(side);  // its plan (a refusal, without a GPU) into the cache
+    memo(side);    // and its entry into the memo
+  }
+
+  template <typename Traits>
+  void shared(Side<Traits>& side) {
+    benchmark::DoNotOptimize(fields.log_level.load(std::memory_order_relaxed));
+    benchmark::DoNotOptimize(fields.workspace_limit.load(std::memory_order_relaxed));
+    const auto ranking = side.cache->find(side.key);
+    ++fields.hits;
+    benchmark::DoNotOptimize(plans.get(nullptr, 0, side.key, side.config, stored, true));
+    benchmark::DoNotOptimize(ranking);
+  }
+
+  template <typename Traits>
+  void memo(Side<Traits>& side) {
+    benchmark::DoNotOptimize(fields.log_level.load(std::memory_order_relaxed));
+    const typename CallMemo<Memoized<Traits>>::Versions versions{
+        side.cache->version(), plans.version(), fields.workspace_limit.load(std::memory_order_relaxed)};
+    const Memoized<Traits>* hit = side.memo.find(side.cache, side.key, false, versions);
+    if (hit == nullptr) {
+      side.memo.insert(side.cache, side.key, false, versions,
+                       {side.cache->find(side.key), 0, plans.get(nullptr, 0, side.key, side.config, stored, true)});
+      return;
+    }
+    hit->ready->use();  // as GraphBackend::run does
+    hits.add(1);
+    benchmark::DoNotOptimize(hit);
+  }
+
+  template <typename Traits>
+  void turn(int what, Side<Traits>& side) {
+    if (what == 1) shared(side);
+    if (what == 2) memo(side);
+  }
+};
+
+void hit_lookup_shared(benchmark::State& state) {
+  static HitPath path;
+  for (auto _ : state) path.shared(path.forward);
+}
+BENCHMARK(hit_lookup_shared);
+
+void hit_lookup_memo(benchmark::State& state) {
+  static HitPath path;
+  for (auto _ : state) path.memo(path.forward);
+}
+BENCHMARK(hit_lookup_memo);
+
+void hit_lookup_in_turn(benchmark::State& state) {
+  static HitPath path;
+  const int what = static_cast<int>(state.range(0));
+  std::atomic<int> turn{0};  // 0: this thread's, 1: the partner's, 2: the partner stops
+  std::thread partner([&] {
+    for (;;) {
+      int now;
+      while ((now = turn.load(std::memory_order_acquire)) == 0) {
+      }
+      if (now == 2) return;
+      path.turn(what, path.backward);
+      turn.store(0, std::memory_order_release);
+    }
+  });
+  for (auto _ : state) {
+    path.turn(what, path.forward);
+    turn.store(1, std::memory_order_release);
+    while (turn.load(std::memory_order_acquire) != 0) {
+    }
+  }
+  turn.store(2, std::memory_order_release);
+  partner.join();
+}
+BENCHMARK(hit_lookup_in_turn)->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
 
 void cache_find_miss(benchmark::State& state) {
   static const FilledCache filled;

@@ -28,7 +28,7 @@ struct Plans {
   PlanCache cache{Runtime::instance()};
   PlanStore stored;
 
-  PlanCache::Entry get(std::int64_t slot) {
+  PlanCache::Shared get(std::int64_t slot) {
     return cache.get(nullptr, 0, testing::conv_key(Direction::forward, slot), config_of_engine(0), stored, false);
   }
   bool holds(std::int64_t slot) const { return cache.contains(0, testing::conv_key(Direction::forward, slot), config_of_engine(0)); }
@@ -41,10 +41,9 @@ TEST_CASE("the plan cache keeps at most its limit, evicting in batches down to 9
   CHECK(plans.cache.limit() == PlanCache::kDefaultLimit);
   plans.cache.set_limit(20);
   for (std::int64_t slot = 1; slot <= 20; ++slot) {
-    const PlanCache::Entry entry = plans.get(slot);
-    CHECK_FALSE(entry.plan);
-    REQUIRE(entry.refusal);
-    CHECK_FALSE(entry.refusal->empty());
+    const PlanCache::Shared entry = plans.get(slot);
+    CHECK_FALSE(entry->plan);
+    CHECK_FALSE(entry->refusal.empty());
   }
   CHECK(plans.cache.size() == 20);
   CHECK(plans.cache.plan_evictions == 0);
@@ -110,8 +109,8 @@ TEST_CASE("threads share the plan cache while its limit evicts", "[plan_cache][c
       // Overlapping walks: each thread visits every slot, from its own start and with its own stride.
       for (std::int64_t i = 0; i < 1500; ++i) {
         const std::int64_t slot = 1 + (t * 31 + i * (t + 1)) % kSlots;
-        const PlanCache::Entry entry = plans.get(slot);
-        if (!entry.refusal || entry.refusal->empty()) refusal_missing = true;
+        const PlanCache::Shared entry = plans.get(slot);
+        if (entry->refusal.empty()) refusal_missing = true;
         if (plans.cache.size() > plans.cache.limit()) over_limit = true;
       }
     });

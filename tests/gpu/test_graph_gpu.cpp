@@ -421,13 +421,13 @@ TEST_CASE("the plan a search keeps is made as a warm process makes it, and the s
     CHECK(search_plan.expired() == remade);  // gone, with the search's graph and every plan built in it
     const bool compiled = (config.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
     CHECK((stored.find(problem.key) != nullptr) == compiled);  // stored for the file, as get() would
-    const PlanCache::Entry entry = plans.get(handle.handle, 0, problem.key, config, stored, true);
-    REQUIRE(entry.plan);
+    const PlanCache::Shared entry = plans.get(handle.handle, 0, problem.key, config, stored, true);
+    REQUIRE(entry->plan);
     CHECK(plans.plans_built == 0);  // get() found the plan adopt() kept; making it is part of the search
     CHECK(plans.plans_deserialized == 0);
     cudaMemset(operands.written->data, 0, operands.written->count * element_bytes(operands.written->type));
-    auto workspace = entry.plan->workspace_bytes() > 0 ? allocate(entry.plan->workspace_bytes()) : Workspace();
-    entry.plan->execute(handle.handle, operands.buffers(), workspace.data());
+    auto workspace = entry->plan->workspace_bytes() > 0 ? allocate(entry->plan->workspace_bytes()) : Workspace();
+    entry->plan->execute(handle.handle, operands.buffers(), workspace.data());
     check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
   };
 
@@ -672,6 +672,83 @@ TEST_CASE("threads running more keys than the plan cache holds evict each other'
   CHECK(after.plans_built > before.plans_built);  // evicted plans were built again
   CHECK(after.hits == before.hits + 12 * 10);     // the rankings stayed: only plans were evicted
   CHECK(after.misses == before.misses);
+}
+
+// Note [Each thread's own hits]: a thread's later calls of a key run what its first ran without looking it up
+// again, and so must run what the caches say whenever they change: a ranking replaced, a workspace limit set,
+// a plan evicted. Which config a call ran shows in the workspace it asks for (one config needs some, the other
+// none), and a plan evicted from the cache is built again by the next call that runs it.
+TEST_CASE("a thread's memo of its hits runs what the caches hold after they change", "[gpu][graph][runtime][memo]") {
+  Handle handle;
+  Runtime& runtime = Runtime::instance();
+  const Problem problem = problems()[1];  // fp32 stride 2: several engines, some needing a workspace
+  ConvolutionKey key = problem.key;
+  key.direction = static_cast<std::int32_t>(Direction::backward_filter);
+  std::mt19937 random(21);
+  Operands operands(key, random);
+  const std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, key, operands.buffers(), allocate);
+  const auto needs = std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes > 0; });
+  const auto needs_none =
+      std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes == 0; });
+  REQUIRE(needs != configs.end());
+  REQUIRE(needs_none != configs.end());
+  auto& cache = runtime.caches_for_device(0).graph_backward_filter;
+  const auto rank = [&](EngineCandidate first, EngineCandidate second) {
+    first.time_ms = 0.001f;
+    second.time_ms = 0.002f;
+    cache.erase(key);
+    cache.insert(key, Ranking<GraphBackwardFilterTraits>::of({first, second}));
+  };
+  std::size_t asked = 0;  // the workspace the last call asked for
+  const WorkspaceAllocator recording = [&](std::size_t bytes) {
+    asked = bytes;
+    return allocate(bytes);
+  };
+  const auto call = [&] {
+    asked = 0;
+    run_graph(runtime, handle.handle, key, operands.buffers(), recording);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    check_matches_legacy(handle.handle, key, operands, problem.tolerance);
+    return asked;
+  };
+
+  rank(*needs, *needs_none);
+  const Stats before = runtime.stats();
+  for (int i = 0; i < 3; ++i) CHECK(call() > 0);
+  CHECK(runtime.stats().hits == before.hits + 3);  // the memo's hits are counted as hits
+  CHECK(runtime.stats().fallbacks == before.fallbacks);
+
+  rank(*needs_none, *needs);  // the ranking replaced: the other config leads
+  for (int i = 0; i < 2; ++i) CHECK(call() == 0);
+  rank(*needs, *needs_none);
+  CHECK(call() > 0);
+
+  runtime.set_workspace_limit(0);  // the config that needs a workspace may not run
+  for (int i = 0; i < 2; ++i) CHECK(call() == 0);
+  runtime.set_workspace_limit(Runtime::kNoWorkspaceLimit);
+  CHECK(call() > 0);
+
+  // Two keys in turn under a plan cache of one: each call evicts the other key's plan, so each builds its own
+  // again, however recently this thread ran it.
+  ConvolutionKey other_key = key;
+  other_key.direction = static_cast<std::int32_t>(Direction::forward);
+  Operands other(other_key, random);
+  run_graph(runtime, handle.handle, other_key, other.buffers());  // tuned if it was not
+  const std::size_t limit = runtime.plan_cache_limit();
+  runtime.set_plan_cache_limit(1);
+  const Stats evicting = runtime.stats();
+  for (int i = 0; i < 3; ++i) {
+    CHECK(call() > 0);
+    run_graph(runtime, handle.handle, other_key, other.buffers());
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const Stats after = runtime.stats();
+  CHECK(after.plans <= 1);
+  CHECK(after.plans_built + after.plans_deserialized >= evicting.plans_built + evicting.plans_deserialized + 5);
+  CHECK(after.hits == evicting.hits + 6);
+  CHECK(after.fallbacks == before.fallbacks);
+  runtime.set_plan_cache_limit(limit);
+  cache.erase(key);
 }
 
 // Note [Workspace limit]: under a limit of no workspace at all, every call asks for none and computes what it

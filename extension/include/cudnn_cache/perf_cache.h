@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <mutex>
@@ -318,6 +319,16 @@ Ranking<Traits> merge(const Ranking<Traits>& a, const Ranking<Traits>& b) {
   return Ranking<Traits>::of(all.begin(), all.end());
 }
 
+// Note [Cache versions]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Each PerfCache, and the runtime's plan cache, carries a version: a number from one process-wide sequence,
+// replaced by the next every time what a lookup may return changes (a ranking stored, merged, erased or cleared;
+// a plan evicted). A number so names one state of one cache, even where a cache is destroyed and another is made
+// at its address: whatever was read from a cache after its version was read stays what that cache holds for as
+// long as the version reads the same. The per-thread memo of the run path relies on it (Note [Each thread's own
+// hits] in call_memo.h).
+std::uint64_t next_cache_version();
+
 // One direction's cache: convolution key -> ranking. Safe to use from many threads at once. Rankings are
 // immutable once stored: a lookup shares the stored one (a reference count, no copy), and an insert replaces it,
 // so a caller keeps a consistent ranking however long it walks it.
@@ -345,6 +356,7 @@ class PerfCache {
     Shared& slot = rankings_[key];
     slot = std::make_shared<const Ranking<Traits>>(slot ? merge(*slot, ranking) : std::move(ranking));
     lent_.erase(key);
+    changed();
   }
 
   // The key nearest to `key` among those of its family the cache holds, and its ranking; a null ranking when
@@ -388,7 +400,9 @@ class PerfCache {
   bool erase(const ConvolutionKey& key) {
     std::unique_lock lock(mutex_);
     lent_.erase(key);
-    return rankings_.erase(key) > 0;
+    if (rankings_.erase(key) == 0) return false;
+    changed();
+    return true;
   }
 
   std::size_t size() const {
@@ -400,7 +414,11 @@ class PerfCache {
     std::unique_lock lock(mutex_);
     rankings_.clear();
     lent_.clear();
+    changed();
   }
+
+  // The cache's version (Note [Cache versions]): read it before a lookup whose answer is to be kept.
+  std::uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
   // A snapshot of every entry, sorted by key, so listings and files are reproducible.
   std::vector<Entry> entries() const {
@@ -415,9 +433,13 @@ class PerfCache {
   }
 
  private:
+  // A new version, under the exclusive lock, after the change it marks.
+  void changed() { version_.store(next_cache_version(), std::memory_order_release); }
+
   mutable std::shared_mutex mutex_;
   std::unordered_map<ConvolutionKey, Shared, KeyHash> rankings_;
   std::unordered_map<ConvolutionKey, Shared, KeyHash> lent_;  // keys rankings_ does not hold
+  std::atomic<std::uint64_t> version_{next_cache_version()};
 };
 
 }  // namespace cudnn_cache

@@ -295,6 +295,31 @@ std::string within_workspace_limit(std::uint64_t limit);
 class PlanCache;
 class InFlight;
 
+// A count that many threads add to without sharing a cache line (Note [Each thread's own hits] in
+// call_memo.h): each thread adds to one of kShards slots, each on a line of its own; a read sums them.
+class SpreadCounter {
+ public:
+  void add(std::uint64_t n) { shards_[shard()].value.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t load() const {
+    std::uint64_t sum = 0;
+    for (const Shard& s : shards_) sum += s.value.load(std::memory_order_relaxed);
+    return sum;
+  }
+  void reset() {
+    for (Shard& s : shards_) s.value.store(0, std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr std::size_t kShards = 16;
+  struct alignas(64) Shard {
+    std::atomic<std::uint64_t> value{0};
+  };
+  // The calling thread's slot: threads take them in turn as they first count.
+  static std::size_t shard();
+
+  std::array<Shard, kShards> shards_{};
+};
+
 class Runtime {
  public:
   // The process-wide runtime.
@@ -459,7 +484,8 @@ class Runtime {
   GraphSearchOptions search_options_;  // guarded by mutex_
   std::atomic<LogLevel> log_level_{LogLevel::off};
   std::function<void(LogLevel, const std::string&)> log_handler_;  // guarded by mutex_
-  std::atomic<std::uint64_t> hits_{0}, misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
+  SpreadCounter hits_;  // every hit adds to it
+  std::atomic<std::uint64_t> misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
       tune_waits_{0}, lent_{0};
   std::atomic<std::uint64_t> builder_plans_at_reset_{0};  // PlanBuilders' count when reset_stats last ran
   std::atomic<std::uint64_t> prefetched_plans_at_reset_{0};  // PlanPrefetcher's, likewise
