@@ -1056,19 +1056,21 @@ def test_a_file_edited_to_another_cudnn_falls_back_cleanly(child_env, tmp_path, 
 
 PERSISTENT_SCRIPT = r"""
 import sys, cudnn_cache
-with cudnn_cache.persistent(sys.argv[1]):
-    print(cudnn_cache.stats()["plans_built"])
+with cudnn_cache.persistent(sys.argv[1]) as preparing:
+    print(preparing.wait(), cudnn_cache.stats()["plans_built"])
+with cudnn_cache.persistent(sys.argv[1], prepare_plans=False) as preparing:
+    print(preparing)
 """
 
 
-def test_persistent_builds_the_plans_of_the_file_it_loads(child_env, tmp_path):
+def test_persistent_builds_the_plans_of_the_file_it_loads_in_the_background(child_env, tmp_path):
     assert cudnn_cache.fill(randn(2, 4, 10, 10), randn(8, 4, 3, 3), [1, 1], [1, 1], [1, 1], 1) == 3
     path = tmp_path / "convs.cache"
     cudnn_cache.save(path)
     process = subprocess.run([sys.executable, "-c", PERSISTENT_SCRIPT, str(path)], env=child_env,
                              capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr
-    assert process.stdout.split() == ["3"]
+    assert process.stdout.split() == ["3", "3", "None"]
 
 
 def test_a_plan_cache_smaller_than_the_model_evicts_and_trains_as_native():

@@ -4,7 +4,7 @@ Tune each convolution once, save the rankings, and start later processes at tune
 
     import cudnn_cache
     model = cudnn_cache.convert(model)           # nn.Conv*d / nn.ConvTranspose*d -> cached modules
-    with cudnn_cache.persistent("convs.cache"):  # load if present, build its plans; save atomically on exit
+    with cudnn_cache.persistent("convs.cache"):  # load if present, build its plans in the background; save on exit
         train(model)
 
 The ops live in torch.ops.cudnn_cache (usable from TorchScript and LibTorch); this package is a thin,
@@ -183,21 +183,23 @@ def _push_remote(data: bytes, source: str) -> None:
 
 
 @contextlib.contextmanager
-def persistent(path: str, prepare_plans: bool = True) -> Iterator[None]:
+def persistent(path: str, prepare_plans: bool = True) -> Iterator[Optional["Preparation"]]:
     """Loads `path` if it exists, and the remote store's entries of this GPU if one is set (then, with a GPU
-    and `prepare_plans`, builds their plans with prepare()), and
-    saves the cache to it atomically when the block exits (also when it raises: what was tuned stays valid).
+    and `prepare_plans`, starts building their plans with prepare(background=True): the block's first calls
+    build what it has not reached yet, and load + prepare + first step is shorter than with prepare() first),
+    and saves the cache to it atomically when the block exits (also when it raises: what was tuned stays valid).
     The save merges with what the file holds then, under its lock (see save()), so several processes may
-    use one file."""
+    use one file. Yields the Preparation (its wait() gives the plans ready), or None where nothing prepares."""
     path = os.fspath(path)
     if os.path.exists(path):
         load(path)
     else:
         pull_remote()
+    preparation = None
     if prepare_plans and torch.cuda.is_available() and size() > 0:
-        prepare()
+        preparation = prepare(background=True)
     try:
-        yield
+        yield preparation
     finally:
         save(path)
 
