@@ -502,6 +502,18 @@ TEST_CASE("the runtime restores stored plans, rebuilds those of another cuDNN or
   runtime.set_miss_policy(MissPolicy::tune);
 }
 
+// Two configs a search of the key times: one that needs a workspace and one that needs none.
+std::pair<EngineCandidate, EngineCandidate> needing_workspace_and_not(cudnnHandle_t handle, const ConvolutionKey& key,
+                                                                      Operands& operands) {
+  const std::vector<EngineCandidate> configs = search_engine_configs(handle, key, operands.buffers(), allocate);
+  const auto needs = std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes > 0; });
+  const auto needs_none =
+      std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes == 0; });
+  REQUIRE(needs != configs.end());
+  REQUIRE(needs_none != configs.end());
+  return {*needs, *needs_none};
+}
+
 TEST_CASE("a stored config whose workspace cannot be allocated falls back to the next one", "[gpu][graph][runtime]") {
   Handle handle;
   Runtime& runtime = Runtime::instance();
@@ -509,13 +521,7 @@ TEST_CASE("a stored config whose workspace cannot be allocated falls back to the
   key.direction = static_cast<std::int32_t>(Direction::backward_filter);
   std::mt19937 random(12);
   Operands operands(key, random);
-  const std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, key, operands.buffers(), allocate);
-  const auto needs = std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes > 0; });
-  const auto needs_none =
-      std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes == 0; });
-  REQUIRE(needs != configs.end());
-  REQUIRE(needs_none != configs.end());
-  EngineCandidate first = *needs, second = *needs_none;
+  auto [first, second] = needing_workspace_and_not(handle.handle, key, operands);
   first.time_ms = 0.001f;  // ranked first
   second.time_ms = 0.002f;
   runtime.caches_for_device(0).graph_backward_filter.insert(key,
@@ -686,12 +692,7 @@ TEST_CASE("a thread's memo of its hits runs what the caches hold after they chan
   key.direction = static_cast<std::int32_t>(Direction::backward_filter);
   std::mt19937 random(21);
   Operands operands(key, random);
-  const std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, key, operands.buffers(), allocate);
-  const auto needs = std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes > 0; });
-  const auto needs_none =
-      std::find_if(configs.begin(), configs.end(), [](const auto& c) { return c.workspace_bytes == 0; });
-  REQUIRE(needs != configs.end());
-  REQUIRE(needs_none != configs.end());
+  const auto [needs, needs_none] = needing_workspace_and_not(handle.handle, key, operands);
   auto& cache = runtime.caches_for_device(0).graph_backward_filter;
   const auto rank = [&](EngineCandidate first, EngineCandidate second) {
     first.time_ms = 0.001f;
@@ -712,15 +713,15 @@ TEST_CASE("a thread's memo of its hits runs what the caches hold after they chan
     return asked;
   };
 
-  rank(*needs, *needs_none);
+  rank(needs, needs_none);
   const Stats before = runtime.stats();
   for (int i = 0; i < 3; ++i) CHECK(call() > 0);
   CHECK(runtime.stats().hits == before.hits + 3);  // the memo's hits are counted as hits
   CHECK(runtime.stats().fallbacks == before.fallbacks);
 
-  rank(*needs_none, *needs);  // the ranking replaced: the other config leads
+  rank(needs_none, needs);  // the ranking replaced: the other config leads
   for (int i = 0; i < 2; ++i) CHECK(call() == 0);
-  rank(*needs, *needs_none);
+  rank(needs, needs_none);
   CHECK(call() > 0);
 
   runtime.set_workspace_limit(0);  // the config that needs a workspace may not run
