@@ -13,23 +13,21 @@
 //
 // So each thread keeps a memo, per cache, of what its hits ran: the ranking, the place in it of the candidate
 // that ran, and what the backend made ready for that candidate (its plan), under the key and whether the call
-// asked for determinism. A call whose memo entry is current runs that candidate at once: current means that the
-// versions it was made under (the perf cache's and the plan cache's, Note [Cache versions] in perf_cache.h, and
-// the workspace limit) still read the same, so the full path would come to the same candidate with the same
-// plan. Any other call takes the full path (lookup, miss policy, walk with fallback), which makes the entry again
-// where a cached ranking's first eligible candidate ran; a call through a fallback, a lent ranking or cuDNN's
-// heuristics is never memoized, so it is counted and warned about as before, and so is a memoized candidate that
-// fails (it goes the full path). The hits the memo serves are counted as any hit.
-//
-// A memo keeps alive what it holds: a ranking replaced or a plan evicted meanwhile lives until the thread next
-// meets a stale entry, which clears its whole memo of that cache type, as reaching kLimit entries does. So a
-// thread holds at most kLimit rankings and plans of each cache type beyond what the caches hold.
+// asked for determinism. The memo of a cache holds only while the versions it was made under read the same: the
+// perf cache's and the plan cache's (Note [Cache versions] in perf_cache.h) and the workspace limit, so the full
+// path would come to the same candidate with the same plan. Every call reads them first; where they changed, the
+// thread's memo of that cache is dropped whole, so a ranking replaced or a plan evicted lives on in a thread's
+// memo only until that thread's next call of the cache. A call its memo holds runs that candidate at once; any
+// other takes the full path (lookup, miss policy, walk with fallback), which memoizes where a cached ranking's
+// first eligible candidate ran. A call through a fallback, a lent ranking or cuDNN's heuristics is never
+// memoized, so it is counted and warned about as before, and so is a memoized candidate that fails (it goes the
+// full path). The hits the memo serves are counted as any hit.
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "cudnn_cache/key.h"
 
@@ -38,9 +36,12 @@ namespace cudnn_cache {
 template <typename Value>
 class CallMemo {
  public:
+  // The most calls memoized per cache (inserting past it starts afresh), and the most caches (a thread that
+  // meets more, as tests making runtime after runtime do, forgets the one it met first).
   static constexpr std::size_t kLimit = 1024;
+  static constexpr std::size_t kCaches = 16;
 
-  // What an entry was made under: the versions of the caches its value came from, and the workspace limit.
+  // What a cache's memo is made under: the versions of the caches its values come from, and the workspace limit.
   struct Versions {
     std::uint64_t cache = 0;
     std::uint64_t plans = 0;
@@ -48,47 +49,71 @@ class CallMemo {
     friend bool operator==(const Versions& a, const Versions& b) {
       return a.cache == b.cache && a.plans == b.plans && a.workspace_limit == b.workspace_limit;
     }
+    friend bool operator!=(const Versions& a, const Versions& b) { return !(a == b); }
   };
 
-  // The value kept for the call of `key` on `cache` (deterministic or not) if it was made under `now`, else null.
-  // An entry made under other versions is stale: the whole memo is cleared.
+  // The value kept for the call of `key` on `cache` (deterministic or not), or null. `now`: the versions read
+  // for this call, before its lookup; where they differ from the memo's of the cache, it is dropped first.
   const Value* find(const void* cache, const ConvolutionKey& key, bool deterministic, const Versions& now) {
-    const auto found = entries_.find(Slot{cache, key, deterministic});
-    if (found == entries_.end()) return nullptr;
-    if (found->second.first == now) return &found->second.second;
-    entries_.clear();
-    return nullptr;
+    Calls& calls = of(cache, now);
+    const auto found = calls.find(Slot{key, deterministic});
+    return found == calls.end() ? nullptr : &found->second;
   }
 
-  // Keeps `value` for the call, made under `made` (read before the lookup it came from).
+  // Keeps `value` for the call, made under `made` (the versions its find() was given), unless they changed since.
   void insert(const void* cache, const ConvolutionKey& key, bool deterministic, const Versions& made, Value value) {
-    if (entries_.size() >= kLimit) entries_.clear();
-    entries_.insert_or_assign(Slot{cache, key, deterministic}, std::make_pair(made, std::move(value)));
+    Calls& calls = of(cache, made);
+    if (calls.size() >= kLimit) calls.clear();
+    calls.insert_or_assign(Slot{key, deterministic}, std::move(value));
   }
 
-  // Forgets the call's entry, if any.
+  // Forgets the call's value, if any.
   void erase(const void* cache, const ConvolutionKey& key, bool deterministic) {
-    entries_.erase(Slot{cache, key, deterministic});
+    for (Memo& memo : memos_) {
+      if (memo.cache == cache) memo.calls.erase(Slot{key, deterministic});
+    }
   }
 
-  std::size_t size() const { return entries_.size(); }
+  // The calls memoized for the cache.
+  std::size_t size(const void* cache) const {
+    for (const Memo& memo : memos_) {
+      if (memo.cache == cache) return memo.calls.size();
+    }
+    return 0;
+  }
 
  private:
   struct Slot {
-    const void* cache;
     ConvolutionKey key;
     bool deterministic;
-    friend bool operator==(const Slot& a, const Slot& b) {
-      return a.cache == b.cache && a.deterministic == b.deterministic && a.key == b.key;
-    }
+    friend bool operator==(const Slot& a, const Slot& b) { return a.deterministic == b.deterministic && a.key == b.key; }
   };
   struct SlotHash {
-    std::size_t operator()(const Slot& slot) const {
-      return KeyHash{}(slot.key) ^ (std::hash<const void*>{}(slot.cache) << 1) ^ static_cast<std::size_t>(slot.deterministic);
-    }
+    std::size_t operator()(const Slot& slot) const { return KeyHash{}(slot.key) ^ static_cast<std::size_t>(slot.deterministic); }
+  };
+  using Calls = std::unordered_map<Slot, Value, SlotHash>;
+  struct Memo {
+    const void* cache;
+    Versions versions;
+    Calls calls;
   };
 
-  std::unordered_map<Slot, std::pair<Versions, Value>, SlotHash> entries_;
+  // The memo of the cache, emptied first unless it was made under `now`.
+  Calls& of(const void* cache, const Versions& now) {
+    for (Memo& memo : memos_) {
+      if (memo.cache != cache) continue;
+      if (memo.versions != now) {
+        memo.calls.clear();
+        memo.versions = now;
+      }
+      return memo.calls;
+    }
+    if (memos_.size() >= kCaches) memos_.erase(memos_.begin());
+    memos_.push_back(Memo{cache, now, {}});
+    return memos_.back().calls;
+  }
+
+  std::vector<Memo> memos_;
 };
 
 }  // namespace cudnn_cache
