@@ -12,8 +12,9 @@
 // and 0.20 us on two threads taking turns; through the memo below, 0.034 and 0.08 us.
 //
 // So each thread keeps a memo, per cache, of what its hits ran: the ranking, the place in it of the candidate
-// that ran, and what the backend made ready for that candidate (its plan), under the key and whether the call
-// asked for determinism. The memo of a cache holds only while the versions it was made under read the same: the
+// that ran, and what the backend made ready for that candidate (its plan), under the key, the device and whether
+// the call asked for determinism (GPUs of one model share one cache, Note [Selection, merge and fallback policy],
+// but each has plans of its own). The memo of a cache holds only while the versions it was made under read the same: the
 // perf cache's and the plan cache's (Note [Cache versions] in perf_cache.h) and the workspace limit, so the full
 // path would come to the same candidate with the same plan. Every call reads them first; where they changed, the
 // thread's memo of that cache is dropped whole, so a ranking replaced or a plan evicted lives on in a thread's
@@ -52,25 +53,27 @@ class CallMemo {
     friend bool operator!=(const Versions& a, const Versions& b) { return !(a == b); }
   };
 
-  // The value kept for the call of `key` on `cache` (deterministic or not), or null. `now`: the versions read
-  // for this call, before its lookup; where they differ from the memo's of the cache, it is dropped first.
-  const Value* find(const void* cache, const ConvolutionKey& key, bool deterministic, const Versions& now) {
+  // The value kept for the call of `key` on `device` through `cache` (deterministic or not), or null. `now`: the
+  // versions read for this call, before its lookup; where they differ from the memo's of the cache, it is dropped
+  // first.
+  const Value* find(const void* cache, int device, const ConvolutionKey& key, bool deterministic, const Versions& now) {
     Calls& calls = of(cache, now);
-    const auto found = calls.find(Slot{key, deterministic});
+    const auto found = calls.find(Slot{key, device, deterministic});
     return found == calls.end() ? nullptr : &found->second;
   }
 
   // Keeps `value` for the call, made under `made` (the versions its find() was given), unless they changed since.
-  void insert(const void* cache, const ConvolutionKey& key, bool deterministic, const Versions& made, Value value) {
+  void insert(const void* cache, int device, const ConvolutionKey& key, bool deterministic, const Versions& made,
+              Value value) {
     Calls& calls = of(cache, made);
     if (calls.size() >= kLimit) calls.clear();
-    calls.insert_or_assign(Slot{key, deterministic}, std::move(value));
+    calls.insert_or_assign(Slot{key, device, deterministic}, std::move(value));
   }
 
   // Forgets the call's value, if any.
-  void erase(const void* cache, const ConvolutionKey& key, bool deterministic) {
+  void erase(const void* cache, int device, const ConvolutionKey& key, bool deterministic) {
     for (Memo& memo : memos_) {
-      if (memo.cache == cache) memo.calls.erase(Slot{key, deterministic});
+      if (memo.cache == cache) memo.calls.erase(Slot{key, device, deterministic});
     }
   }
 
@@ -85,11 +88,17 @@ class CallMemo {
  private:
   struct Slot {
     ConvolutionKey key;
+    int device;
     bool deterministic;
-    friend bool operator==(const Slot& a, const Slot& b) { return a.deterministic == b.deterministic && a.key == b.key; }
+    friend bool operator==(const Slot& a, const Slot& b) {
+      return a.device == b.device && a.deterministic == b.deterministic && a.key == b.key;
+    }
   };
   struct SlotHash {
-    std::size_t operator()(const Slot& slot) const { return KeyHash{}(slot.key) ^ static_cast<std::size_t>(slot.deterministic); }
+    std::size_t operator()(const Slot& slot) const {
+      return KeyHash{}(slot.key) ^ (static_cast<std::size_t>(slot.device) << 1) ^
+             static_cast<std::size_t>(slot.deterministic);
+    }
   };
   using Calls = std::unordered_map<Slot, Value, SlotHash>;
   struct Memo {

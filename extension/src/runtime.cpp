@@ -478,12 +478,12 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
                                                                constraints.workspace_limit};
   const bool memoizes = !logs(LogLevel::debug);  // a debug log shows every hit, which the memo would not
   if (memoizes) {
-    if (const Memoized<Traits>* hit = memo.find(&cache, key, deterministic, versions)) {
+    if (const Memoized<Traits>* hit = memo.find(&cache, device, key, deterministic, versions)) {
       if (backend.run(hit->ready, (*hit->ranking)[hit->position], buffers, bounded.get()).empty()) {
         hits_.add(1);
         return;
       }
-      memo.erase(&cache, key, deterministic);  // the full path walks it again, and counts what it passes over
+      memo.erase(&cache, device, key, deterministic);  // the full path walks it again, and counts what it passes over
     }
   }
   const Found<Traits> found = lookup<Traits>(handle, device, cache, key, backend, buffers, allocate, deterministic);
@@ -498,7 +498,7 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   if (found.ranking) {
     auto walked = walk(backend, *found.ranking, !found.lent, buffers, bounded.get(), constraints);
     if (walked.ran && walked.why_not.empty() && !found.lent && memoizes) {
-      memo.insert(&cache, key, deterministic, versions,
+      memo.insert(&cache, device, key, deterministic, versions,
                   Memoized<Traits>{found.ranking, walked.position, std::move(walked.ready)});
     }
     if (walked.ran && (walked.why_not.empty() || found.lent)) return;

@@ -186,9 +186,9 @@ struct HitPath {
     benchmark::DoNotOptimize(fields.log_level.load(std::memory_order_relaxed));
     const typename CallMemo<Memoized<Traits>>::Versions versions{
         side.cache->version(), plans.version(), fields.workspace_limit.load(std::memory_order_relaxed)};
-    const Memoized<Traits>* hit = side.memo.find(side.cache, side.key, false, versions);
+    const Memoized<Traits>* hit = side.memo.find(side.cache, 0, side.key, false, versions);
     if (hit == nullptr) {
-      side.memo.insert(side.cache, side.key, false, versions,
+      side.memo.insert(side.cache, 0, side.key, false, versions,
                        {side.cache->find(side.key), 0, plans.get(nullptr, 0, side.key, side.config, stored, true)});
       return;
     }

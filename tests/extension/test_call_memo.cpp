@@ -33,20 +33,25 @@ TEST_CASE("a memo gives back what it keeps for the same cache, key, determinism 
   const int cache = 0, other_cache = 0;
   const ConvolutionKey key = conv_key(Direction::forward);
   const Versions made{1, 2, 3};
-  CHECK(memo.find(&cache, key, false, made) == nullptr);
-  memo.insert(&cache, key, false, made, 7);
-  REQUIRE(memo.find(&cache, key, false, made) != nullptr);
-  CHECK(*memo.find(&cache, key, false, made) == 7);
+  CHECK(memo.find(&cache, 0, key, false, made) == nullptr);
+  memo.insert(&cache, 0, key, false, made, 7);
+  REQUIRE(memo.find(&cache, 0, key, false, made) != nullptr);
+  CHECK(*memo.find(&cache, 0, key, false, made) == 7);
 
-  CHECK(memo.find(&cache, key, true, made) == nullptr);  // a deterministic call is another call
-  CHECK(memo.find(&other_cache, key, false, made) == nullptr);  // so is another cache's (another device, runtime)
-  CHECK(memo.find(&cache, conv_key(Direction::forward, 2), false, made) == nullptr);
+  CHECK(memo.find(&cache, 0, key, true, made) == nullptr);  // a deterministic call is another call
+  CHECK(memo.find(&cache, 1, key, false, made) == nullptr);  // so is a call on another GPU of the cache's model
+  memo.insert(&cache, 1, key, false, made, 9);
+  CHECK(*memo.find(&cache, 0, key, false, made) == 7);
+  CHECK(*memo.find(&cache, 1, key, false, made) == 9);
+  memo.erase(&cache, 1, key, false);
+  CHECK(memo.find(&other_cache, 0, key, false, made) == nullptr);  // so is another cache's (another device, runtime)
+  CHECK(memo.find(&cache, 0, conv_key(Direction::forward, 2), false, made) == nullptr);
   CHECK(memo.size(&cache) == 1);  // looking for other calls leaves the entry
 
-  memo.insert(&cache, key, false, made, 8);  // a new value for the call replaces the old
-  CHECK(*memo.find(&cache, key, false, made) == 8);
-  memo.erase(&cache, key, false);
-  CHECK(memo.find(&cache, key, false, made) == nullptr);
+  memo.insert(&cache, 0, key, false, made, 8);  // a new value for the call replaces the old
+  CHECK(*memo.find(&cache, 0, key, false, made) == 8);
+  memo.erase(&cache, 0, key, false);
+  CHECK(memo.find(&cache, 0, key, false, made) == nullptr);
   CHECK(memo.size(&cache) == 0);
 }
 
@@ -60,17 +65,17 @@ TEST_CASE("a cache's memo is dropped whole at its next call under other versions
   for (const Versions now : {Versions{9, 2, 3}, Versions{1, 9, 3}, Versions{1, 2, 9}}) {
     INFO("versions now: cache " << now.cache << ", plans " << now.plans << ", workspace limit " << now.workspace_limit);
     Memo memo;
-    memo.insert(&cache, key, false, made, 1);
-    memo.insert(&cache, other, true, made, 2);
-    memo.insert(&other_cache, key, false, made, 3);
-    CHECK(memo.find(&cache, third, false, now) == nullptr);  // a call of another key notices the change
+    memo.insert(&cache, 0, key, false, made, 1);
+    memo.insert(&cache, 0, other, true, made, 2);
+    memo.insert(&other_cache, 0, key, false, made, 3);
+    CHECK(memo.find(&cache, 0, third, false, now) == nullptr);  // a call of another key notices the change
     CHECK(memo.size(&cache) == 0);
-    CHECK(memo.find(&cache, key, false, made) == nullptr);
-    CHECK(memo.find(&cache, other, true, now) == nullptr);
-    REQUIRE(memo.find(&other_cache, key, false, made) != nullptr);  // another cache's memo stays
-    CHECK(*memo.find(&other_cache, key, false, made) == 3);
-    memo.insert(&cache, key, false, now, 4);  // made again under the new versions
-    CHECK(*memo.find(&cache, key, false, now) == 4);
+    CHECK(memo.find(&cache, 0, key, false, made) == nullptr);
+    CHECK(memo.find(&cache, 0, other, true, now) == nullptr);
+    REQUIRE(memo.find(&other_cache, 0, key, false, made) != nullptr);  // another cache's memo stays
+    CHECK(*memo.find(&other_cache, 0, key, false, made) == 3);
+    memo.insert(&cache, 0, key, false, now, 4);  // made again under the new versions
+    CHECK(*memo.find(&cache, 0, key, false, now) == 4);
   }
 }
 
@@ -79,24 +84,24 @@ TEST_CASE("a memo holds at most kLimit calls of a cache, and the memos of kCache
   const int cache = 0;
   const Versions made{1, 1, 1};
   for (std::int64_t batch = 1; batch <= static_cast<std::int64_t>(Memo::kLimit); ++batch) {
-    memo.insert(&cache, conv_key(Direction::forward, batch), false, made, static_cast<int>(batch));
+    memo.insert(&cache, 0, conv_key(Direction::forward, batch), false, made, static_cast<int>(batch));
   }
   CHECK(memo.size(&cache) == Memo::kLimit);
-  CHECK(*memo.find(&cache, conv_key(Direction::forward, 1), false, made) == 1);
+  CHECK(*memo.find(&cache, 0, conv_key(Direction::forward, 1), false, made) == 1);
   const ConvolutionKey past = conv_key(Direction::forward, static_cast<std::int64_t>(Memo::kLimit) + 1);
-  memo.insert(&cache, past, false, made, 0);  // past the limit: it starts afresh
+  memo.insert(&cache, 0, past, false, made, 0);  // past the limit: it starts afresh
   CHECK(memo.size(&cache) == 1);
-  CHECK(memo.find(&cache, conv_key(Direction::forward, 1), false, made) == nullptr);
-  CHECK(*memo.find(&cache, past, false, made) == 0);
+  CHECK(memo.find(&cache, 0, conv_key(Direction::forward, 1), false, made) == nullptr);
+  CHECK(*memo.find(&cache, 0, past, false, made) == 0);
 
   // One cache more than it keeps: the first one met is forgotten, the others stay.
   std::vector<int> caches(Memo::kCaches);
   const ConvolutionKey key = conv_key(Direction::forward);
-  for (std::size_t i = 0; i < caches.size(); ++i) memo.insert(&caches[i], key, false, made, static_cast<int>(i));
+  for (std::size_t i = 0; i < caches.size(); ++i) memo.insert(&caches[i], 0, key, false, made, static_cast<int>(i));
   CHECK(memo.size(&cache) == 0);
   for (std::size_t i = 0; i < caches.size(); ++i) {
-    REQUIRE(memo.find(&caches[i], key, false, made) != nullptr);
-    CHECK(*memo.find(&caches[i], key, false, made) == static_cast<int>(i));
+    REQUIRE(memo.find(&caches[i], 0, key, false, made) != nullptr);
+    CHECK(*memo.find(&caches[i], 0, key, false, made) == static_cast<int>(i));
   }
 }
 

@@ -157,6 +157,42 @@ def test_a_1d_convolution_of_transposed_tensors_keeps_native_layout(path, transp
         assert_close_scaled(ours, native, TOLERANCE[torch.float32], "1-D")
 
 
+def two_gpus_of_one_model() -> bool:
+    return torch.cuda.device_count() >= 2 and torch.cuda.get_device_name(0) == torch.cuda.get_device_name(1)
+
+
+@pytest.mark.skipif(not two_gpus_of_one_model(), reason="needs two GPUs of one model (the nvidia-h100-x2 kind)")
+@pytest.mark.parametrize("path", ["convert", "intercept"])
+def test_two_gpus_of_one_model_share_the_rankings_and_each_runs_its_own_plans(path):
+    """GPUs of one model are one origin: one cache serves both, and one search of a key serves both (Note
+    [Selection, merge and fallback policy]), while each GPU runs plans of its own. Each thread's memo of its hits
+    (Note [Each thread's own hits]) holds a call on each GPU apart: calls on the two in turn, from one thread, compute
+    what PyTorch computes on each, with no fallback."""
+    torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags
+    conv = cudnn_cache.functional.conv2d if path == "convert" else F.conv2d
+    results = {}
+    for cached in (True, False):
+        cudnn_cache.intercept(cached and path == "intercept")
+        try:
+            for step in range(3):
+                for device in ("cuda:0", "cuda:1"):
+                    x = randn(4, 8, 12, 12).to(device).requires_grad_()
+                    w = randn(16, 8, 3, 3, seed=1).to(device).requires_grad_()
+                    run = conv if cached else F.conv2d
+                    y = run(x, w, None, 1, 1)
+                    results[cached, step, device] = (y, *torch.autograd.grad(y, (x, w), torch.ones_like(y)))
+        finally:
+            cudnn_cache.intercept(False)
+    stats = cudnn_cache.stats()
+    assert stats["tunes"] == 3 and stats["misses"] == 3, stats  # searched on the first GPU, hits on the second
+    assert stats["hits"] == 3 * 2 * 3 - 3 and stats["fallbacks"] == 0, stats
+    for step in range(3):
+        for device in ("cuda:0", "cuda:1"):
+            for ours, native in zip(results[True, step, device], results[False, step, device]):
+                assert ours.device == torch.device(device)
+                assert_close_scaled(ours, native, TOLERANCE[torch.float32], f"step {step} on {device}")
+
+
 @pytest.mark.parametrize("backend", ["graph", "legacy"])
 def test_every_direction_runs_on_the_current_stream(backend):
     """The three directions' kernels (and their workspace) go to the current stream: with the default stream held
