@@ -11,18 +11,17 @@
 // (tests/bench/bench_core.cpp, `hit_lookup_*`, 2026-12-05): those lookups took 0.14 us per call on one thread
 // and 0.20 us on two threads taking turns; through the memo below, 0.034 and 0.08 us.
 //
-// So each thread keeps a memo, per cache, of what its hits ran: the ranking, the place in it of the candidate
-// that ran, and what the backend made ready for that candidate (its plan), under the key, the device and whether
-// the call asked for determinism (GPUs of one model share one cache, Note [Selection, merge and fallback policy],
-// but each has plans of its own). The memo of a cache holds only while the versions it was made under read the same: the
-// perf cache's and the plan cache's (Note [Cache versions] in perf_cache.h) and the workspace limit, so the full
-// path would come to the same candidate with the same plan. Every call reads them first; where they changed, the
-// thread's memo of that cache is dropped whole, so a ranking replaced or a plan evicted lives on in a thread's
-// memo only until that thread's next call of the cache. A call its memo holds runs that candidate at once; any
-// other takes the full path (lookup, miss policy, walk with fallback), which memoizes where a cached ranking's
-// first eligible candidate ran. A call through a fallback, a lent ranking or cuDNN's heuristics is never
-// memoized, so it is counted and warned about as before, and so is a memoized candidate that fails (it goes the
-// full path). The hits the memo serves are counted as any hit.
+// So each thread keeps a memo, per cache, of what its hits ran: the ranking, the place in it of the candidate that ran,
+// and what the backend made ready for that candidate (its plan), under the key, the device and whether the call asked
+// for determinism (GPUs of one model share one cache, Note [Selection, merge and fallback policy], but each has plans
+// of its own). The memo of a cache holds only while the versions it was made under read the same: the perf cache's and
+// the plan cache's (Note [Cache versions] in perf_cache.h) and the workspace limit, so the full path would come to the
+// same candidate with the same plan. Every call reads them first; where they changed, the thread's memo of that cache
+// is dropped whole, so a ranking replaced or a plan evicted lives on in a thread's memo only until that thread's next
+// call of the cache. A call its memo holds runs that candidate at once; any other takes the full path (lookup, miss
+// policy, walk with fallback), which memoizes where a cached ranking's first eligible candidate ran. A call through a
+// fallback, a lent ranking or cuDNN's heuristics is never memoized, so it is counted and warned about as before, and so
+// is a memoized candidate that fails (it goes the full path). The hits the memo serves are counted as any hit.
 
 #include <cstddef>
 #include <cstdint>

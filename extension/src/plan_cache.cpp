@@ -56,7 +56,8 @@ void PlanCache::adopt(cudnnHandle_t handle, int device, const ConvolutionKey& ke
   } catch (const Error& e) {
     debug("kept the search's own plan of ", to_string(config), " for ", key, ": ", e.what());
   }
-  insert(Slot{device, key, config}, std::make_shared<const Entry>(remade ? std::move(remade) : std::move(searched), ""));
+  insert(Slot{device, key, config},
+         std::make_shared<const Entry>(remade ? std::move(remade) : std::move(searched), ""));
 }
 
 void PlanCache::set_limit(std::size_t limit) {

@@ -161,7 +161,8 @@ struct HitPath {
   template <typename Traits>
   void set_up(Side<Traits>& side, const PerfCache<Traits>& cache) {
     side.cache = &cache;
-    for (const auto& [key, ranking] : cache.entries()) {  // a config stored by engine and knobs (see plan_cache_get_hit)
+    // A config stored by engine and knobs (see plan_cache_get_hit).
+    for (const auto& [key, ranking] : cache.entries()) {
       if (ranking.front().heuristic_index != EngineCandidate::kNotListed) continue;
       side.key = key;
       side.config = ranking.front();

@@ -105,7 +105,8 @@ TEST_CASE("a memo holds at most kLimit calls of a cache, and the memos of kCache
   }
 }
 
-TEST_CASE("a perf cache's version changes with what its lookups return, and with nothing else", "[call_memo][perf_cache]") {
+TEST_CASE("a perf cache's version changes with what its lookups return, and with nothing else",
+          "[call_memo][perf_cache]") {
   PerfCache<ForwardTraits> cache;
   const ConvolutionKey key = conv_key(Direction::forward);
   const ConvolutionKey other = conv_key(Direction::forward, 2);
