@@ -169,17 +169,16 @@ def test_two_gpus_of_one_model_share_the_rankings_and_each_runs_its_own_plans(pa
     (Note [Each thread's own hits]) holds a call on each GPU apart: calls on the two in turn, from one thread, compute
     what PyTorch computes on each, with no fallback."""
     torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags
-    conv = cudnn_cache.functional.conv2d if path == "convert" else F.conv2d
     results = {}
     for cached in (True, False):
+        conv = cudnn_cache.functional.conv2d if cached and path == "convert" else F.conv2d
         cudnn_cache.intercept(cached and path == "intercept")
         try:
             for step in range(3):
                 for device in ("cuda:0", "cuda:1"):
                     x = randn(4, 8, 12, 12).to(device).requires_grad_()
                     w = randn(16, 8, 3, 3, seed=1).to(device).requires_grad_()
-                    run = conv if cached else F.conv2d
-                    y = run(x, w, None, 1, 1)
+                    y = conv(x, w, None, 1, 1)
                     results[cached, step, device] = (y, *torch.autograd.grad(y, (x, w), torch.ones_like(y)))
         finally:
             cudnn_cache.intercept(False)
