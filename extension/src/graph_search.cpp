@@ -578,12 +578,12 @@ class EngineSearch {
   }
 
   // Times the fastest `count` configs, native's two picks (the first one timed, which benchmark=False runs, and
-  // benchmark mode's) and benchmark mode's near-ties again, together: `repetitions` interleaved rounds, so drift
-  // in clocks or temperature affects each alike, and as many again (up to three times in all) while a challenger
-  // is faster in the median than the faster of native's picks but not yet shown faster. A config that wins the first pass by less than
-  // the noise of one measurement won it by luck as often as not; the paired rounds decide, and a challenger
-  // leads native's picks only where they show it faster (Note [Never slower than native's pick]). Without
-  // memory for the largest workspace, or if a finalist fails to run now, the first timings stand.
+  // benchmark mode's) and benchmark mode's near-ties again, together: `repetitions` interleaved rounds, so drift in
+  // clocks or temperature affects each alike, and as many again (up to three times in all) while a challenger is faster
+  // in the median than the faster of native's picks but not yet shown faster. A config that wins the first pass by less
+  // than the noise of one measurement won it by luck as often as not; the paired rounds decide, and a challenger leads
+  // native's picks only where they show it faster (Note [Never slower than native's pick]). Without memory for the
+  // largest workspace, or if a finalist fails to run now, the first timings stand.
   void confirm(int count) {
     const std::vector<std::size_t> ranked = order();
     std::vector<std::size_t> finalists = ranked;
