@@ -253,7 +253,10 @@ void Runtime::set_log_handler(std::function<void(LogLevel, const std::string&)> 
 
 Runtime::~Runtime() {
   stopping_.store(true);  // a prepare still running builds no more plans
-  finish_background();
+  std::lock_guard lock(background_mutex_);
+  if (background_.valid()) background_.wait();
+  std::lock_guard first_call_lock(first_call_mutex_);
+  for (std::future<PrepareReport>& prepare : first_call_prepares_) prepare.wait();
 }
 
 void Runtime::set_backend(Backend backend) {
@@ -744,27 +747,9 @@ PrepareReport Runtime::prepare(int device, int threads) {
 void Runtime::prepare_in_background(int device, int threads) {
   caches_for_device(device);  // checks the index
   prepare_at_first_call_[static_cast<std::size_t>(device)].store(false);  // no call starts another meanwhile
-  finish_background();
   std::lock_guard lock(background_mutex_);
-  start_in_background(device, threads);
-  reported_ = background_.size() - 1;
-}
-
-void Runtime::start_in_background(int device, int threads) {
-  background_.push_back(std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); }));
-}
-
-// The lock is not held while waiting: a call that starts its first-call prepare meanwhile goes on at once.
-void Runtime::finish_background() {
-  std::vector<std::future<PrepareReport>> started;
-  {
-    std::lock_guard lock(background_mutex_);
-    started = std::exchange(background_, {});
-    reported_.reset();
-  }
-  for (std::future<PrepareReport>& prepare : started) {
-    if (prepare.valid()) prepare.wait();  // not valid: wait_for_prepare took its report
-  }
+  if (background_.valid()) background_.wait();
+  background_ = std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); });
 }
 
 // Note [Prepare at the first call]
@@ -799,18 +784,14 @@ void Runtime::start_first_call_prepare(int device) {
     }
     return;
   }
-  std::lock_guard lock(background_mutex_);
-  start_in_background(device, 0);
+  std::lock_guard lock(first_call_mutex_);
+  first_call_prepares_.push_back(std::async(std::launch::async, [this, device] { return prepare(device); }));
 }
 
 PrepareReport Runtime::wait_for_prepare() {
-  std::future<PrepareReport> reported;
-  {
-    std::lock_guard lock(background_mutex_);
-    CUDNN_CACHE_REQUIRE(reported_.has_value(), "no background prepare was started, or its report was already taken");
-    reported = std::move(background_[*std::exchange(reported_, std::nullopt)]);
-  }
-  return reported.get();  // outside the lock, as finish_background waits
+  std::lock_guard lock(background_mutex_);
+  CUDNN_CACHE_REQUIRE(background_.valid(), "no background prepare was started, or its report was already taken");
+  return background_.get();
 }
 
 #define CUDNN_CACHE_INSTANTIATE(Traits)                                                                         \
