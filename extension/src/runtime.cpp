@@ -254,9 +254,7 @@ void Runtime::set_log_handler(std::function<void(LogLevel, const std::string&)> 
 Runtime::~Runtime() {
   stopping_.store(true);  // a prepare still running builds no more plans
   std::lock_guard lock(background_mutex_);
-  if (background_.valid()) background_.wait();
-  std::lock_guard first_call_lock(first_call_mutex_);
-  for (std::future<PrepareReport>& prepare : first_call_prepares_) prepare.wait();
+  finish_background();
 }
 
 void Runtime::set_backend(Backend backend) {
@@ -748,8 +746,21 @@ void Runtime::prepare_in_background(int device, int threads) {
   caches_for_device(device);  // checks the index
   prepare_at_first_call_[static_cast<std::size_t>(device)].store(false);  // no call starts another meanwhile
   std::lock_guard lock(background_mutex_);
-  if (background_.valid()) background_.wait();
-  background_ = std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); });
+  finish_background();
+  start_in_background(device, threads);
+  reported_ = background_.size() - 1;
+}
+
+void Runtime::start_in_background(int device, int threads) {
+  background_.push_back(std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); }));
+}
+
+void Runtime::finish_background() {
+  for (std::future<PrepareReport>& prepare : background_) {
+    if (prepare.valid()) prepare.wait();  // not valid: wait_for_prepare took its report
+  }
+  background_.clear();
+  reported_.reset();
 }
 
 // Note [Prepare at the first call]
@@ -784,14 +795,15 @@ void Runtime::start_first_call_prepare(int device) {
     }
     return;
   }
-  std::lock_guard lock(first_call_mutex_);
-  first_call_prepares_.push_back(std::async(std::launch::async, [this, device] { return prepare(device); }));
+  std::lock_guard lock(background_mutex_);
+  start_in_background(device, 0);
 }
 
 PrepareReport Runtime::wait_for_prepare() {
   std::lock_guard lock(background_mutex_);
-  CUDNN_CACHE_REQUIRE(background_.valid(), "no background prepare was started, or its report was already taken");
-  return background_.get();
+  CUDNN_CACHE_REQUIRE(reported_.has_value(), "no background prepare was started, or its report was already taken");
+  const std::size_t reported = *std::exchange(reported_, std::nullopt);
+  return background_[reported].get();
 }
 
 #define CUDNN_CACHE_INSTANTIATE(Traits)                                                                         \

@@ -439,8 +439,9 @@ class Runtime {
   // handle can be made for the device.
   PrepareReport prepare(int device, int threads = 0);
 
-  // prepare() on a thread of its own; returns at once. A background prepare still running is waited for
-  // first. wait_for_prepare() returns its report (or throws its Error); Error if none was started.
+  // prepare() on a thread of its own; returns at once. Prepares still running in the background (an earlier
+  // one's, or the first calls') are waited for first. wait_for_prepare() returns its report (or throws its
+  // Error); Error if none was started, or its report was taken.
   void prepare_in_background(int device, int threads = 0);
   PrepareReport wait_for_prepare();
 
@@ -474,6 +475,10 @@ class Runtime {
 
   // The first call's prepare of a device, if armed and not started (Note [Prepare at the first call]).
   void start_first_call_prepare(int device);
+  // prepare(device, threads) on a thread of its own, kept in background_; background_mutex_ held.
+  void start_in_background(int device, int threads);
+  // Waits for every prepare in background_ and forgets them; background_mutex_ held.
+  void finish_background();
 
   CacheStore store_;
   std::unique_ptr<PlanCache> plans_;
@@ -495,11 +500,12 @@ class Runtime {
   std::array<std::atomic<DirectionCaches*>, kMaxDevices> device_caches_{};
   std::array<Origin, kMaxDevices> device_origins_{};  // written under mutex_ before its device_caches_ slot
   std::array<std::atomic<bool>, kMaxDevices> prepare_at_first_call_{};  // armed, by device
-  std::mutex background_mutex_;  // guards background_
-  std::future<PrepareReport> background_;
+  std::mutex background_mutex_;  // guards background_ and reported_
+  // The prepares started off the calling thread, prepare_in_background's and the first calls' alike (the
+  // destructor waits for them all); reported_ is prepare_in_background's, whose report wait_for_prepare returns.
+  std::vector<std::future<PrepareReport>> background_;
+  std::optional<std::size_t> reported_;
   std::atomic<bool> stopping_{false};  // the runtime is being destroyed: prepares stop building
-  std::mutex first_call_mutex_;  // guards first_call_prepares_
-  std::vector<std::future<PrepareReport>> first_call_prepares_;  // their reports are not asked for
 };
 
 }  // namespace cudnn_cache
