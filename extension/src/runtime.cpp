@@ -253,7 +253,6 @@ void Runtime::set_log_handler(std::function<void(LogLevel, const std::string&)> 
 
 Runtime::~Runtime() {
   stopping_.store(true);  // a prepare still running builds no more plans
-  std::lock_guard lock(background_mutex_);
   finish_background();
 }
 
@@ -745,8 +744,8 @@ PrepareReport Runtime::prepare(int device, int threads) {
 void Runtime::prepare_in_background(int device, int threads) {
   caches_for_device(device);  // checks the index
   prepare_at_first_call_[static_cast<std::size_t>(device)].store(false);  // no call starts another meanwhile
-  std::lock_guard lock(background_mutex_);
   finish_background();
+  std::lock_guard lock(background_mutex_);
   start_in_background(device, threads);
   reported_ = background_.size() - 1;
 }
@@ -755,12 +754,17 @@ void Runtime::start_in_background(int device, int threads) {
   background_.push_back(std::async(std::launch::async, [this, device, threads] { return prepare(device, threads); }));
 }
 
+// The lock is not held while waiting: a call that starts its first-call prepare meanwhile goes on at once.
 void Runtime::finish_background() {
-  for (std::future<PrepareReport>& prepare : background_) {
+  std::vector<std::future<PrepareReport>> started;
+  {
+    std::lock_guard lock(background_mutex_);
+    started = std::exchange(background_, {});
+    reported_.reset();
+  }
+  for (std::future<PrepareReport>& prepare : started) {
     if (prepare.valid()) prepare.wait();  // not valid: wait_for_prepare took its report
   }
-  background_.clear();
-  reported_.reset();
 }
 
 // Note [Prepare at the first call]
@@ -800,10 +804,13 @@ void Runtime::start_first_call_prepare(int device) {
 }
 
 PrepareReport Runtime::wait_for_prepare() {
-  std::lock_guard lock(background_mutex_);
-  CUDNN_CACHE_REQUIRE(reported_.has_value(), "no background prepare was started, or its report was already taken");
-  const std::size_t reported = *std::exchange(reported_, std::nullopt);
-  return background_[reported].get();
+  std::future<PrepareReport> reported;
+  {
+    std::lock_guard lock(background_mutex_);
+    CUDNN_CACHE_REQUIRE(reported_.has_value(), "no background prepare was started, or its report was already taken");
+    reported = std::move(background_[*std::exchange(reported_, std::nullopt)]);
+  }
+  return reported.get();  // outside the lock, as finish_background waits
 }
 
 #define CUDNN_CACHE_INSTANTIATE(Traits)                                                                         \

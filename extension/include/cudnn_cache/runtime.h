@@ -477,7 +477,7 @@ class Runtime {
   void start_first_call_prepare(int device);
   // prepare(device, threads) on a thread of its own, kept in background_; background_mutex_ held.
   void start_in_background(int device, int threads);
-  // Waits for every prepare in background_ and forgets them; background_mutex_ held.
+  // Waits for every prepare in background_ and forgets them; takes background_mutex_ (not held while waiting).
   void finish_background();
 
   CacheStore store_;
