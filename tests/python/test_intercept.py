@@ -217,6 +217,55 @@ def test_conv1d_conv3d_and_fallbacks_while_intercepting(intercept_state, torch_f
     assert cudnn_cache.stats()["misses"] == before["misses"] and cudnn_cache.stats()["hits"] == before["hits"]
 
 
+def cache_calls() -> int:
+    stats = cudnn_cache.stats()
+    return stats["hits"] + stats["misses"]
+
+
+@pytest.mark.gpu
+def test_routing_follows_the_flags_of_each_call_and_of_its_backward(intercept_state, torch_flags):
+    """Each thread remembers its routing answers (Note [A thread's routing answers] in routing.cpp): a call of
+    shapes it answered before is asked again once cuDNN is disabled, deterministic mode is on, or autograd does not
+    record, and its backward follows the flags at the time the backward runs, as native's does."""
+    torch.backends.cudnn.allow_tf32 = False
+    cudnn_cache.intercept(True)
+    x = torch.randn(2, 8, 12, 12, device="cuda", requires_grad=True)
+    w = torch.randn(8, 8, 3, 3, device="cuda", requires_grad=True)
+
+    def taken(run) -> bool:
+        before = cache_calls()
+        run()
+        return cache_calls() > before
+
+    forward = lambda: F.conv2d(x, w, padding=1)  # noqa: E731
+    for _ in range(2):  # the second time from the thread's answers
+        assert taken(forward)
+        with torch.backends.cudnn.flags(enabled=False):
+            assert not taken(forward)
+        with torch.no_grad():
+            assert taken(forward)
+    # Dilated NCHW in deterministic mode: PyTorch runs it with cuDNN, unless cuDNN is disabled.
+    dilated = lambda: F.conv2d(x, w, padding=2, dilation=2)  # noqa: E731
+    with torch.backends.cudnn.flags(enabled=True, deterministic=True):
+        assert taken(dilated) == (torch._C._select_conv_backend(x, w, None, [1, 1], [2, 2], [2, 2], False, [0, 0], 1,
+                                                                  None) == torch._C._ConvBackend.Cudnn)
+    # A forward through the cache whose backward runs with cuDNN disabled: the backward is PyTorch's, its gradients
+    # native's.
+    for _ in range(2):
+        y = forward()
+        before = cache_calls()
+        with torch.backends.cudnn.flags(enabled=False):
+            grads = torch.autograd.grad(y.sum(), (x, w))
+        assert cache_calls() == before
+        cudnn_cache.intercept(False)
+        with torch.backends.cudnn.flags(enabled=False):
+            expected = torch.autograd.grad(F.conv2d(x, w, padding=1).sum(), (x, w))
+        cudnn_cache.intercept(True)
+        for actual, native in zip(grads, expected):
+            assert torch.equal(actual, native)
+        assert taken(lambda: torch.autograd.grad(forward().sum(), (x, w)))  # flags back: through the cache again
+
+
 @pytest.mark.gpu
 def test_a_compiled_unmodified_model_goes_through_the_cache_and_matches_eager(intercept_state, torch_flags):
     torch.backends.cudnn.allow_tf32 = False

@@ -41,7 +41,7 @@ namespace cudnn_cache::torch_ops {
 
 // Whether the convolution (transposed: the transposed convolution) of `input` by `weight` runs through the
 // cache rather than as PyTorch runs it; see Note [Which convolutions the cache runs]. Arguments as
-// aten::convolution takes them.
+// aten::convolution takes them. A thread keeps its answers for CUDA tensors (Note [A thread's routing answers]).
 bool runs_through_cache(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
                         at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                         at::IntArrayRef output_padding, std::int64_t groups);
