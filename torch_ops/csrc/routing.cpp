@@ -52,8 +52,9 @@ bool has_keyable_output(const at::Tensor& input, const at::Tensor& weight, at::I
 // nothing but what a Question holds: both tensors' sizes, strides, dtype, device and dispatch keys (which say
 // mkldnn, xpu, nested, ...), the parameters as given, whether autograd records the call, the current CUDA
 // device (PyTorch asks its properties for bf16 and depthwise support), and the global flags select_conv_backend
-// reads (cuDNN enabled; benchmark, deterministic: carried into its parameters). What else it reads is fixed
-// for the process (cuDNN's version, how PyTorch was built, environment variables read once). So each thread
+// reads (cuDNN enabled; benchmark, deterministic: carried into its parameters; TF32 is carried too but no rule
+// for a CUDA tensor reads it, and asking for it costs a call). What else it reads is fixed for the process
+// (cuDNN's version, how PyTorch was built, environment variables read once). So each thread
 // keeps the answers to the questions it asked last, kAnswers of them by their hash, and asks PyTorch a
 // question only once while the answer holds; a change of any flag is a new question. Tensors with symbolic
 // sizes, and questions longer than a Question holds, are asked every time.
