@@ -3,6 +3,7 @@ groups, stride and dilation, transposed or not, through the graph backend (the d
 determinism; warm start in a fresh process; the miss policies; query, fill and prepare; and a TorchScript
 model that trains. Every test is marked gpu (skipped without CUDA)."""
 
+import contextlib
 import copy
 import json
 import os
@@ -69,6 +70,17 @@ def check_against_native(ours, native, tensors, dtype, input_view=lambda x: x):
     assert_close_scaled(output, expected_output, TOLERANCE[dtype], "output")
     for grad, expected, what in zip(grads, expected_grads, ["grad input", "grad weight", "grad bias"]):
         assert_close_scaled(grad, expected, TOLERANCE[dtype], what)
+
+
+@contextlib.contextmanager
+def conv_through(path, cached, name):
+    """The convolution function `name` (e.g. "conv2d") as a caller of `path` meets it: cudnn_cache.functional's
+    for a cached convert pass, torch's otherwise, with the intercept on for a cached intercept pass (off after)."""
+    cudnn_cache.intercept(cached and path == "intercept")
+    try:
+        yield getattr(cudnn_cache.functional if cached and path == "convert" else F, name)
+    finally:
+        cudnn_cache.intercept(False)
 
 
 # --- Numerics against torch ------------------------------------------------------------------------------------
@@ -143,13 +155,9 @@ def test_a_1d_convolution_of_transposed_tensors_keeps_native_layout(path, transp
     w.requires_grad_()
     results = []
     for cached in (False, True):
-        conv = cudnn_cache.functional.conv1d if cached and path == "convert" else F.conv1d
-        cudnn_cache.intercept(cached and path == "intercept")
-        try:
+        with conv_through(path, cached, "conv1d") as conv:
             y = conv(x, w, None, 1, 1)
             grads = torch.autograd.grad(y, [x, w], randn(*y.shape, seed=3))
-        finally:
-            cudnn_cache.intercept(False)
         results.append((y, *grads))
     assert cudnn_cache.stats()["misses"] > 0
     for native, ours in zip(*results):
@@ -171,17 +179,13 @@ def test_two_gpus_of_one_model_share_the_rankings_and_each_runs_its_own_plans(pa
     torch.backends.cudnn.allow_tf32 = False  # restored by torch_flags
     results = {}
     for cached in (True, False):
-        conv = cudnn_cache.functional.conv2d if cached and path == "convert" else F.conv2d
-        cudnn_cache.intercept(cached and path == "intercept")
-        try:
+        with conv_through(path, cached, "conv2d") as conv:
             for step in range(3):
                 for device in ("cuda:0", "cuda:1"):
                     x = randn(4, 8, 12, 12).to(device).requires_grad_()
                     w = randn(16, 8, 3, 3, seed=1).to(device).requires_grad_()
                     y = conv(x, w, None, 1, 1)
                     results[cached, step, device] = (y, *torch.autograd.grad(y, (x, w), torch.ones_like(y)))
-        finally:
-            cudnn_cache.intercept(False)
     stats = cudnn_cache.stats()
     assert stats["tunes"] == 3 and stats["misses"] == 3, stats  # searched on the first GPU, hits on the second
     assert stats["hits"] == 3 * 2 * 3 - 3 and stats["fallbacks"] == 0, stats
