@@ -58,6 +58,8 @@ step build build || exit 1
 # they cost there far more than here), split into GPU_SHARDS processes that run at once (--shard, conftest.py):
 # one after another they take ~10 minutes there, more than one call to the machine may run. PYTEST_ARGS runs one
 # pytest of tests/python with those arguments instead, e.g. PYTEST_ARGS="-v -rs" for all.
+# (every test of tests/python, one after another: a chosen few run faster as an extra command, e.g.
+# "python3 -m pytest tests/python/test_x.py -k name").
 gpu_tests() {
   step ctest ctest --test-dir build --output-on-failure --parallel 8
   if [ -n "${PYTEST_ARGS:-}" ]; then
@@ -68,13 +70,16 @@ gpu_tests() {
   local shards=${GPU_SHARDS:-4} shard pid
   local pids=()
   for ((shard = 0; shard < shards; shard++)); do
-    step "pytest-$shard-of-$shards" python3 -m pytest tests/python -m gpu -q -rfs -p no:cacheprovider \
-      --shard "$shard/$shards" &
+    step "pytest-$shard-of-$shards" python3 -m pytest tests/python -m "gpu and not gpu_memory" -q -rfs \
+      -p no:cacheprovider --shard "$shard/$shards" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do
     wait "$pid" || status=1  # a step in the background sets its own shell's status, not this one's
   done
+  # Tests that fill the GPU's memory on purpose run after the shards, alone: beside them, a shard's large
+  # tensors ran out of memory (a 4 GiB one on an 80 GB H100, 2026-12-06).
+  step pytest-gpu-memory python3 -m pytest tests/python -m gpu_memory -q -rfs -p no:cacheprovider
 }
 # GPU_TESTS=0 skips them: the build, then the extra commands only (a measurement on code the suite already passed
 # on, where device time is short).

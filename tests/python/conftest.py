@@ -17,6 +17,7 @@ def pytest_configure(config):
     # Also declared in the repository's pytest.ini; registering here keeps the marker known when pytest is
     # started with another rootdir or config.
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where torch.cuda.is_available() is False)")
+    config.addinivalue_line("markers", "gpu_memory: fills the GPU's memory on purpose (run alone by gpu_check.sh)")
 
 
 def pytest_addoption(parser):

@@ -636,6 +636,7 @@ def test_prefetched_backward_builds_tune_what_searches_without_them_tune():
     assert tuned(True) == without
 
 
+@pytest.mark.gpu_memory  # its ballast would starve the large tests of other processes sharing the GPU
 def test_builders_yield_gpu_memory_when_the_process_runs_short():
     """Note [Builders yield GPU memory]: once this process's own allocations take the device's free memory below
     the builders' floor (10% of the device, at least 2 GiB), the caching allocator's next request has
