@@ -57,14 +57,13 @@ step build build || exit 1
 # The GPU tests (the CPU ones are CI's; a Python process that imports torch takes ~5 s on the GPU machine, so
 # they cost there far more than here), split into GPU_SHARDS processes that run at once (--shard, conftest.py):
 # one after another they take ~10 minutes there, more than one call to the machine may run. PYTEST_ARGS runs one
-# pytest of tests/python with those arguments instead, e.g. PYTEST_ARGS="-v -rs" for all.
-# (every test of tests/python, one after another: a chosen few run faster as an extra command, e.g.
-# "python3 -m pytest tests/python/test_x.py -k name").
+# pytest with those arguments instead: PYTEST_ARGS="tests/python/test_x.py -k name" runs those tests; arguments
+# that name no path run all of tests/python (pytest.ini's testpaths), e.g. PYTEST_ARGS="-v -rs".
 gpu_tests() {
   step ctest ctest --test-dir build --output-on-failure --parallel 8
   if [ -n "${PYTEST_ARGS:-}" ]; then
     # shellcheck disable=SC2086
-    step pytest python3 -m pytest tests/python $PYTEST_ARGS
+    step pytest python3 -m pytest $PYTEST_ARGS
     return
   fi
   local shards=${GPU_SHARDS:-4} shard pid
