@@ -51,6 +51,14 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def cache_calls() -> int:
+    """The cache's lookups so far (hits + misses): each call that runs through the cache adds one."""
+    import cudnn_cache
+
+    stats = cudnn_cache.stats()
+    return stats["hits"] + stats["misses"]
+
+
 @pytest.fixture(scope="session")
 def child_env() -> dict:
     """The environment for a child Python process that must `import cudnn_cache` from the source tree."""

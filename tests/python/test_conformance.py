@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
+from conftest import cache_calls
 
 try:
     from torch.testing._internal.common_methods_invocations import op_db
@@ -281,11 +282,6 @@ def intercepting(enabled: bool):
         yield
     finally:
         cudnn_cache.intercept(before)
-
-
-def cache_calls() -> int:
-    stats = cudnn_cache.stats()
-    return stats["hits"] + stats["misses"]
 
 
 def native_uses_cudnn(case: Case) -> Optional[bool]:

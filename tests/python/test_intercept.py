@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
+from conftest import cache_calls
 
 
 def cuda_kernel_of(operator: str) -> str:
@@ -215,11 +216,6 @@ def test_conv1d_conv3d_and_fallbacks_while_intercepting(intercept_state, torch_f
         assert F.conv2d(x, w).shape == (2, 4, 6, 6)
     assert F.conv2d(x[:0], w).shape == (0, 4, 6, 6)
     assert cudnn_cache.stats()["misses"] == before["misses"] and cudnn_cache.stats()["hits"] == before["hits"]
-
-
-def cache_calls() -> int:
-    stats = cudnn_cache.stats()
-    return stats["hits"] + stats["misses"]
 
 
 @pytest.mark.gpu

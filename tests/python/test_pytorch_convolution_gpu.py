@@ -54,6 +54,7 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cudnn_cache
+from conftest import cache_calls
 
 pytestmark = pytest.mark.gpu
 
@@ -146,11 +147,6 @@ CONVOLUTION = torch.ops.aten.convolution.default
 CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
 
 
-def lookups() -> int:
-    stats = cudnn_cache.stats()
-    return stats["hits"] + stats["misses"]
-
-
 def cache_should_run(input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                      output) -> Optional[bool]:
     """Whether cudnn_cache must run this aten.convolution(_backward) call: when native PyTorch runs it with cuDNN
@@ -178,9 +174,9 @@ class ConvolutionCalls(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is not CONVOLUTION and func is not CONVOLUTION_BACKWARD:
             return func(*args, **kwargs)
-        before = lookups()
+        before = cache_calls()
         result = func(*args, **kwargs)
-        looked_up = lookups() > before
+        looked_up = cache_calls() > before
         if func is CONVOLUTION:
             input, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
             output, bias_sizes = result, None if bias is None else list(bias.shape)
@@ -1422,10 +1418,10 @@ def test_cudnn_convolution_relu_and_add_relu(dtype):
             # .to(memory_format=...), as PyTorch's test: it also lays out ambiguous shapes (one channel) channels-last
             z = random_like(output, 3 * index + 2).to(memory_format=memory_format)
             x, weight = x.to(memory_format=memory_format), weight.to(memory_format=memory_format)
-            before = lookups()
+            before = cache_calls()
             fused = torch.cudnn_convolution_relu(x, weight, None, (1, 1), (0, 0), (1, 1), 1)
             fused_add = torch.cudnn_convolution_add_relu(x, weight, z, 2.0, None, (1, 1), (0, 0), (1, 1), 1)
-            results.append((output, fused, fused_add, z, lookups() == before))
+            results.append((output, fused, fused_add, z, cache_calls() == before))
         return results
 
     _, ours = run_both(run, cases)
