@@ -76,8 +76,9 @@ gpu_tests() {
   for pid in "${pids[@]}"; do
     wait "$pid" || status=1  # a step in the background sets its own shell's status, not this one's
   done
-  # Tests that fill the GPU's memory on purpose run after the shards, alone: beside them, a shard's large
-  # tensors ran out of memory (a 4 GiB one on an 80 GB H100, 2026-12-06).
+  # Tests that need much of the GPU's memory (a ballast, tensors of several GiB) run after the shards, in one
+  # process: beside each other in shards they ran out of memory (a 4 GiB tensor on an 80 GB H100, twice on
+  # 2026-12-06, beside a ballast, then beside another shard's 57 GiB of large tensors).
   step pytest-gpu-memory python3 -m pytest tests/python -m gpu_memory -q -rfs -p no:cacheprovider
 }
 # GPU_TESTS=0 skips them: the build, then the extra commands only (a measurement on code the suite already passed

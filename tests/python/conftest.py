@@ -17,7 +17,7 @@ def pytest_configure(config):
     # Also declared in the repository's pytest.ini; registering here keeps the marker known when pytest is
     # started with another rootdir or config.
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where torch.cuda.is_available() is False)")
-    config.addinivalue_line("markers", "gpu_memory: fills the GPU's memory on purpose (run alone by gpu_check.sh)")
+    config.addinivalue_line("markers", "gpu_memory: needs much of the GPU's memory (run alone by gpu_check.sh)")
 
 
 def pytest_addoption(parser):
@@ -49,6 +49,20 @@ def pytest_collection_modifyitems(config, items):
     reason = f"no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__})"
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_teardown(item):
+    """After a gpu_memory test, its tensors go back to the GPU, not to this process's caching allocator: the next
+    such test may need that memory in one piece."""
+    if item.get_closest_marker("gpu_memory") is None or "torch" not in sys.modules:
+        return
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def cache_calls() -> int:

@@ -1434,10 +1434,12 @@ def test_cudnn_convolution_relu_and_add_relu(dtype):
 
 
 # ==================================================================================================================
-# Large tensors (64-bit indexing, split batches): a few GiB each
+# Large tensors (64-bit indexing, split batches): a few GiB each, up to tens of GiB held by the caching allocator,
+# so marked gpu_memory: scripts/gpu_check.sh runs them after the shards, one at a time
 # ==================================================================================================================
 
 # Port of TestConvolutionNNDeviceType.test_conv_large_nosplit: a batch of one too large for 32-bit indexing.
+@pytest.mark.gpu_memory
 def test_conv_large_nosplit():
     x = randn(1, 2, 1024, 1024 * 1024, dtype=torch.float16, seed=1)
     weight, bias = randn(2, 2, 8, 8, dtype=torch.float16, seed=2) / 11, randn(2, dtype=torch.float16, seed=3)
@@ -1452,6 +1454,7 @@ def test_conv_large_nosplit():
 
 # Port of TestConvolutionNNDeviceType.test_conv_transposed_large: PyTorch splits the batch; each quarter alone gives
 # the same result.
+@pytest.mark.gpu_memory
 def test_conv_transposed_large():
     x = randn(4096, 1, 512, 1024, dtype=torch.float16, seed=1)
     weight = randn(1, 1, 1, 1, dtype=torch.float16, seed=2)
@@ -1468,6 +1471,7 @@ def test_conv_transposed_large():
 
 
 # Port of TestConvolutionNNDeviceType.test_conv_large: forward and weight gradient of a batch split into parts.
+@pytest.mark.gpu_memory
 def test_conv_large():
     x = randn(4097, 2, 512, 512, dtype=torch.float16, seed=1)
     weight = randn(2, 2, 8, 8, dtype=torch.float16, seed=2) / 11
@@ -1492,6 +1496,7 @@ def test_conv_large():
 
 
 # Port of TestConvolutionNNDeviceType.test_conv_large_batch_1 (against native on the GPU, not the CPU).
+@pytest.mark.gpu_memory
 def test_conv_large_batch_1():
     x = randn(1, 514, 2048, 2048, dtype=torch.float16, seed=1)
     weight, bias = randn(1, 514, 3, 3, dtype=torch.float16, seed=2) / 68, randn(1, dtype=torch.float16, seed=3)
@@ -1499,6 +1504,7 @@ def test_conv_large_batch_1():
 
 
 # Port of TestConvolutionNNDeviceType.test_conv3d_64bit_indexing (against native on the GPU, not the CPU).
+@pytest.mark.gpu_memory
 def test_conv3d_64bit_indexing():
     x = torch.rand(1, 32, 512, 512, 256, device=DEVICE, generator=generator(1))
     weight = randn(1, 32, 1, 1, 1, seed=2)
@@ -1507,6 +1513,7 @@ def test_conv3d_64bit_indexing():
 
 # Port of TestConvolutionNNDeviceType.test_depthwise_conv_64bit_indexing (against native on the GPU, not the CPU):
 # a channels-last depthwise convolution of a batch of one, then of a batch PyTorch can split.
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("shape", [(1, 2, 32800, 32800), (100, 2, 3280, 3280)], ids=["batch1", "batch100"])
 def test_depthwise_conv_64bit_indexing(shape):
     x = randn(*shape, dtype=torch.float16, memory_format=torch.channels_last, seed=1)
