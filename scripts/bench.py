@@ -64,6 +64,8 @@ Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
 Writes <output-dir>/bench.json (environment, settings, every raw per-case result, the targets; --json to move
 it), <output-dir>/bench.md (the tables, also printed) and <output-dir>/bench.png (needs matplotlib; skipped
 with a message without it). A case that fails or times out is recorded with its error text and the run goes on.
+The JSON is written again after every case, with "complete": false until the last one has run, so a run killed
+by a time limit (a GPU machine's per-call limit) keeps what it finished; --combine takes such a file too.
 
 Exit codes: 0 every case ran; 1 some case failed (the reports are still written); 2 bad arguments or no GPU.
 
@@ -80,7 +82,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -153,10 +155,10 @@ def describe(result: dict) -> str:
     return line
 
 
-def run_all(args) -> dict:
+def run_all(args, after_each: Optional[Callable[[dict], None]] = None) -> dict:
     """Runs every selected case in its own process, in order (cache_warm after cache_cold of its workload, the
     interleaved cases after both); with --rounds N, a workload's modes N times in turn, merged into one case per
-    mode (merge_rounds)."""
+    mode (merge_rounds). after_each, if given, gets the results so far after every case."""
     plan = []
     for workload in args.workloads:
         if workload != OVERHEAD:
@@ -166,6 +168,11 @@ def run_all(args) -> dict:
     if OVERHEAD in args.workloads:
         plan.append((OVERHEAD, None))
     rounds, interleaved, overhead = {}, [], None  # rounds: (workload, mode) -> its rounds' results
+
+    def results() -> dict:
+        return {"cases": [merge_rounds(results) for results in rounds.values()], "interleaved": interleaved,
+                "overhead": overhead}
+
     with tempfile.TemporaryDirectory(prefix="cudnn_cache_bench_") as folder:
         for index, (workload, mode) in enumerate(plan, 1):
             name = workload if mode is None else f"{workload}:{mode}"
@@ -186,8 +193,9 @@ def run_all(args) -> dict:
                 result.setdefault("mode", mode)
                 rounds.setdefault((workload, mode), []).append(result)
             print(f"[{index}/{len(plan)}] {name}: {describe(result)}", flush=True)
-    return {"cases": [merge_rounds(results) for results in rounds.values()], "interleaved": interleaved,
-            "overhead": overhead}
+            if after_each is not None:
+                after_each(results())
+    return results()
 
 
 def environment(device: str) -> dict:
@@ -204,13 +212,20 @@ def environment(device: str) -> dict:
     }
 
 
-def write_reports(report: dict, json_path: pathlib.Path, output_dir: pathlib.Path) -> str:
-    """Adds the derived columns and the targets, writes the JSON, the markdown tables and the chart (when
-    matplotlib is there); returns the markdown."""
+def write_json(report: dict, json_path: pathlib.Path) -> None:
+    """Adds the derived columns and the targets and writes the JSON (whole or not at all: a reader never sees
+    half a file, though the run that writes it may be killed)."""
     add_derived(report["cases"])
     report["targets"] = check_targets(report)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    part = json_path.with_name(json_path.name + ".part")
+    part.write_text(json.dumps(report, indent=2) + "\n")
+    part.replace(json_path)
+
+
+def write_reports(report: dict, json_path: pathlib.Path, output_dir: pathlib.Path) -> str:
+    """write_json, then the markdown tables and the chart (when matplotlib is there); returns the markdown."""
+    write_json(report, json_path)
     text = markdown(report)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "bench.md").write_text(text)
@@ -310,8 +325,15 @@ def main(argv=None) -> int:
                 "prepare_in_background": args.prepare_in_background,
                 "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,
                 "device": args.device}
-    report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings)}
-    report.update(run_all(args))
+    report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings),
+              "complete": False}
+
+    def keep(results: dict) -> None:  # after every case: a run killed by a time limit keeps the cases it finished
+        report.update(results)
+        write_json(report, args.json)
+
+    report.update(run_all(args, keep))
+    report["complete"] = True
     print()
     print(write_reports(report, args.json, args.output_dir))
     print(f"bench: wrote {args.json} and {args.output_dir / 'bench.md'}")

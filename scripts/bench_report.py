@@ -429,8 +429,12 @@ def markdown(report: dict) -> str:
         "# cudnn_cache against native cuDNN autotuning: whole training steps", "",
         f"{env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}), cuDNN {env['cudnn']}; {env['date']}. "
         f"Each case ran in a fresh process (`scripts/bench.py`); cache backend '{report['settings']['backend']}'.",
-        "", "## First step and start-up", "",
     ]
+    if report.get("complete") is False:
+        cut = [part["file"] for part in report["settings"].get("parts", []) if not part["complete"]]
+        lines += ["", f"**Cut short** ({', '.join(cut) or 'this run'}): the run was stopped before its last case; "
+                      "the tables hold the cases it finished."]
+    lines += ["", "## First step and start-up", ""]
     lines += table(START_COLUMNS, [start_row(case) for case in report["cases"]])
     lines += ["", "## Steady state", ""]
     lines += table(STEADY_COLUMNS, [steady_row(case) for case in report["cases"]])
@@ -506,7 +510,8 @@ def notes(settings: dict) -> List[str]:
 def combine(paths: List[pathlib.Path]) -> dict:
     """One report of the JSON reports of several runs of this script on one machine (a run split in parts to
     fit a time limit): their cases and overhead, the first run's environment and settings, each part's
-    workloads and date in settings['parts']. Refuses reports of different GPUs, versions or settings, and
+    workloads, date and whether it ran to its end in settings['parts'] (complete: false for a run cut short,
+    and then for the whole). Refuses reports of different GPUs, versions or settings, and
     reports written before the clocks had intervals."""
     reports = [json.loads(path.read_text()) for path in paths]
     for path, report in zip(paths, reports):
@@ -529,7 +534,9 @@ def combine(paths: List[pathlib.Path]) -> dict:
                 "interleaved": [result for report in reports for result in report.get("interleaved") or []],
                 "overhead": next((r["overhead"] for r in reports if r.get("overhead")), None)}
     combined["settings"]["parts"] = [{"file": str(path), "workloads": r["settings"]["workloads"],
-                                      "date": r["environment"].get("date")} for path, r in zip(paths, reports)]
+                                      "date": r["environment"].get("date"), "complete": r.get("complete", True)}
+                                     for path, r in zip(paths, reports)]
+    combined["complete"] = all(part["complete"] for part in combined["settings"]["parts"])
     combined["settings"]["workloads"] = [w for r in reports for w in r["settings"]["workloads"]]
     return combined
 

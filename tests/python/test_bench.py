@@ -357,6 +357,30 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     assert bench.run_all(args)["interleaved"] == [] and not any("interleaved" in c for c in commands)
 
 
+def test_the_json_holds_every_finished_case_while_the_run_goes_on(monkeypatch, tmp_path):
+    """A run killed by a time limit keeps what it finished: after each case the JSON on disk has every case so
+    far and says the run is not complete; at the end it is complete."""
+    json_path, seen = tmp_path / "bench.json", []
+
+    def fake(command, timeout):
+        case = command[command.index("--case") + 1]
+        if json_path.exists():
+            on_disk = json.loads(json_path.read_text())
+            seen.append((case, on_disk["complete"], [f"{c['workload']}:{c['mode']}" for c in on_disk["cases"]]))
+        if case.endswith(":cache_cold"):
+            pathlib.Path(command[command.index("--cache-file") + 1]).write_bytes(b"cache")
+        return {"workload": "seed", "mode": case.split(":")[1], "first_s": 1.0, "steady_ms": 2.0,
+                "wall_ms": figure(2.0, 0.01)}
+
+    monkeypatch.setattr(bench, "run_subprocess", fake)
+    assert bench.main(["--device", "cpu", "--workloads", "seed", "--modes", "native_heuristic", "cache_cold", "cache_warm",
+                       "--no-interleaved", "--output-dir", str(tmp_path)]) == 0
+    assert seen == [("seed:cache_cold", False, ["seed:native_heuristic"]),
+                    ("seed:cache_warm", False, ["seed:native_heuristic", "seed:cache_cold"])]
+    final = json.loads(json_path.read_text())
+    assert final["complete"] and len(final["cases"]) == 3 and not list(tmp_path.glob("*.part"))
+
+
 def test_rounds_run_each_workloads_modes_in_turn_and_report_medians_with_their_range(monkeypatch):
     commands = []
     # Each case's first step: native heuristics, cache_cold and cache_warm, in rounds 1, 2 and 3.
@@ -427,6 +451,15 @@ def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
     assert len(combined["cases"]) == len(full["cases"]) and combined["overhead"] == full["overhead"]
     assert [p["workloads"] for p in combined["settings"]["parts"]] == [workloads[:1], workloads[1:]]
     assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench_report.check_targets(full)}
+    assert combined["complete"] and "Cut short" not in (tmp_path / "out" / "bench.md").read_text()
+
+    cut = json.loads(parts[1].read_text())  # as a run killed by a time limit left it
+    cut["complete"] = False
+    parts[1].write_text(json.dumps(cut))
+    assert bench.main(["--combine", *map(str, parts), "--output-dir", str(tmp_path / "cut")]) == 0
+    combined = json.loads((tmp_path / "cut" / "bench.json").read_text())
+    assert not combined["complete"] and [p["complete"] for p in combined["settings"]["parts"]] == [True, False]
+    assert f"**Cut short** ({parts[1]})" in (tmp_path / "cut" / "bench.md").read_text()
 
     other = json.loads(parts[1].read_text())
     other["environment"]["gpu"] = "NVIDIA A100"
