@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Where a warm start's prepare() time goes. Each case is a fresh process: it sets up CUDA, cuDNN and the ops
 as bench.py's cases do (a tiny convolution, forward and backward), then loads a cache file and times
-prepare() on N threads. Another fresh process times creating cuDNN handles one after another, which a pool
-thread's first plan build pays for its handle. The cache file comes from a cold bench case
-(bench.py --case WORKLOAD:cache_cold --cache-file FILE).
+prepare() on N threads, then drops the plans and times prepare() again: what the second does not pay is paid
+once per process (loading kernels, first uses inside cuDNN), what it pays again is the builds' own. The debug
+log gives each plan's build time in both, summed per engine. Another fresh process times creating cuDNN
+handles one after another, which a pool thread's first plan build pays for its handle. The cache file comes
+from a cold bench case (bench.py --case WORKLOAD:cache_cold --cache-file FILE).
 
     python3 scripts/prepare_cost.py --cache-file /tmp/c.bin --threads 1 2 4 8 --handles 8 --json out.json
 """
@@ -11,6 +13,7 @@ thread's first plan build pays for its handle. The cache file comes from a cold 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -28,11 +31,24 @@ torch.cuda.synchronize()
 started = time.perf_counter()
 entries = cudnn_cache.load(path)
 loaded = time.perf_counter()
+cudnn_cache.set_log_level("debug")  # each plan's build time, on stderr
+print("== prepare", file=sys.stderr, flush=True)
 plans = cudnn_cache.prepare(threads=threads)
 prepared = time.perf_counter()
+limit = cudnn_cache.plan_cache_limit()
+cudnn_cache.set_plan_cache_limit(1)  # drops the plans (a sweep keeps 90% of the limit), not the entries
+cudnn_cache.set_plan_cache_limit(limit)
+print("== again", file=sys.stderr, flush=True)
+started_again = time.perf_counter()
+again = cudnn_cache.prepare(threads=threads)
+prepared_again = time.perf_counter()
+cudnn_cache.set_log_level("off")
 print(json.dumps({"threads": threads, "entries": entries, "plans": plans, "load_s": loaded - started,
-                  "prepare_s": prepared - loaded}))
+                  "prepare_s": prepared - loaded, "plans_again": again,
+                  "prepare_again_s": prepared_again - started_again}))
 """
+
+PLAN_BUILT = re.compile(r"plan built in ([0-9.]+) ms: engine (-?[0-9]+)")
 
 HANDLES = r"""
 import ctypes, glob, json, os, sys, time, torch
@@ -54,6 +70,22 @@ print(json.dumps({"handles": count, "create_s": times}))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def plan_times(log: str) -> dict:
+    """From a PREPARE child's stderr: per phase ('prepare', 'again'), each engine's plans built and their build
+    time summed, {engine: [count, ms]}, the slowest engine first."""
+    phases, phase = {}, None
+    for line in log.splitlines():
+        if line.startswith("== "):
+            phase = phases.setdefault(line[3:].strip(), {})
+            continue
+        found = PLAN_BUILT.search(line)
+        if found and phase is not None:
+            count_ms = phase.setdefault(found[2], [0, 0.0])
+            count_ms[0] += 1
+            count_ms[1] += float(found[1])
+    return {name: dict(sorted(engines.items(), key=lambda item: -item[1][1])) for name, engines in phases.items()}
+
+
 def child(script: str, *args: str) -> dict:
     # `import cudnn_cache` from the source checkout (ops in build/), as bench.py's cases do.
     path = os.pathsep.join(filter(None, [os.path.join(ROOT, "torch_ops"), os.environ.get("PYTHONPATH")]))
@@ -61,7 +93,10 @@ def child(script: str, *args: str) -> dict:
                           env=dict(os.environ, PYTHONPATH=path))
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip()[-2000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if script is PREPARE:
+        result["plan_ms_by_engine"] = plan_times(done.stderr)
+    return result
 
 
 def main() -> None:
@@ -77,11 +112,17 @@ def main() -> None:
         for threads in args.threads:
             result["prepare"].setdefault(str(threads), []).append(child(PREPARE, args.cache_file, str(threads)))
     print(f"cudnnCreate, one after another: {', '.join(f'{1e3 * s:.1f}' for s in result['handles']['create_s'])} ms")
-    print("threads | entries | plans | prepare (median, min-max)")
+    print("threads | entries | plans | prepare (median, min-max) | again, the plans dropped (median, min-max)")
     for threads, runs in result["prepare"].items():
         times = [1e3 * run["prepare_s"] for run in runs]
+        again = [1e3 * run["prepare_again_s"] for run in runs]
         print(f"{threads:>7} | {runs[0]['entries']:>7} | {runs[0]['plans']:>5} | {statistics.median(times):.0f} ms "
-              f"({min(times):.0f}-{max(times):.0f})")
+              f"({min(times):.0f}-{max(times):.0f}) | {statistics.median(again):.0f} ms "
+              f"({min(again):.0f}-{max(again):.0f})")
+    first = next(iter(result["prepare"].values()))[0]["plan_ms_by_engine"]
+    for phase, engines in first.items():  # the first process's: which engines' builds take the time
+        print(f"{phase}: plan builds per engine (count, ms): "
+              + ", ".join(f"{engine}: {count}, {ms:.1f}" for engine, (count, ms) in list(engines.items())[:8]))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)
