@@ -3,7 +3,8 @@
 as bench.py's cases do (a tiny convolution, forward and backward), then loads a cache file and times
 prepare() on N threads, then drops the plans and times prepare() again: what the second does not pay is paid
 once per process (loading kernels, first uses inside cuDNN), what it pays again is the builds' own. The debug
-log gives each plan's build time in both, summed per engine. Another fresh process times creating cuDNN
+log gives each plan's build time in both, summed per engine, and the part of it a config stored by its position
+in heuristics' list spends asking cuDNN's heuristics for that list. Another fresh process times creating cuDNN
 handles one after another, which a pool thread's first plan build pays for its handle. The cache file comes
 from a cold bench case (bench.py --case WORKLOAD:cache_cold --cache-file FILE).
 
@@ -48,7 +49,7 @@ print(json.dumps({"threads": threads, "entries": entries, "plans": plans, "load_
                   "prepare_again_s": prepared_again - started_again}))
 """
 
-PLAN_BUILT = re.compile(r"plan built in ([0-9.]+) ms: engine (-?[0-9]+)")
+PLAN_BUILT = re.compile(r"plan built in ([0-9.]+) ms(?: \(([0-9.]+) ms of it heuristics' list\))?: engine (-?[0-9]+)")
 
 HANDLES = r"""
 import ctypes, glob, json, os, sys, time, torch
@@ -71,8 +72,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def plan_times(log: str) -> dict:
-    """From a PREPARE child's stderr: per phase ('prepare', 'again'), each engine's plans built and their build
-    time summed, {engine: [count, ms]}, the slowest engine first."""
+    """From a PREPARE child's stderr: per phase ('prepare', 'again'), each engine's plans built, their build time
+    summed and the part of it spent asking heuristics for their list (configs stored by their position in it),
+    {engine: [count, ms, heuristics_ms]}, the slowest engine first."""
     phases, phase = {}, None
     for line in log.splitlines():
         if line.startswith("== "):
@@ -80,9 +82,10 @@ def plan_times(log: str) -> dict:
             continue
         found = PLAN_BUILT.search(line)
         if found and phase is not None:
-            count_ms = phase.setdefault(found[2], [0, 0.0])
-            count_ms[0] += 1
-            count_ms[1] += float(found[1])
+            totals = phase.setdefault(found[3], [0, 0.0, 0.0])
+            totals[0] += 1
+            totals[1] += float(found[1])
+            totals[2] += float(found[2] or 0.0)
     return {name: dict(sorted(engines.items(), key=lambda item: -item[1][1])) for name, engines in phases.items()}
 
 
@@ -121,8 +124,9 @@ def main() -> None:
               f"({min(again):.0f}-{max(again):.0f})")
     first = next(iter(result["prepare"].values()))[0]["plan_ms_by_engine"]
     for phase, engines in first.items():  # the first process's: which engines' builds take the time
-        print(f"{phase}: plan builds per engine (count, ms): "
-              + ", ".join(f"{engine}: {count}, {ms:.1f}" for engine, (count, ms) in list(engines.items())[:8]))
+        print(f"{phase}: plan builds per engine (count, ms, of it heuristics' list ms): "
+              + ", ".join(f"{engine}: {count}, {ms:.1f}, {listing:.1f}"
+                          for engine, (count, ms, listing) in list(engines.items())[:8]))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <unordered_map>
 
 #include "cudnn_cache/error.h"
+#include "elapsed.h"
 #include "graph_internal.h"
 
 namespace cudnn_cache {
@@ -385,17 +387,21 @@ std::vector<EngineCandidate> knob_variants(Graph& graph, const EngineCandidate& 
 using namespace graph_internal;
 
 GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config)
-    : direction_(static_cast<Direction>(key.direction)),
-      graph_(config.heuristic_index == EngineCandidate::kNotListed ? operation_graph(handle, key)
-                                                                    : heuristic_graph(handle, key, false)) {
+    : direction_(static_cast<Direction>(key.direction)) {
   std::int64_t index = -1;
   if (config.heuristic_index == EngineCandidate::kNotListed) {
+    graph_ = operation_graph(handle, key);
     check_status(graph_->create_execution_plan(config.engine_id, knob_map(config)), "create_execution_plan", key);
     index = graph_->get_execution_plan_count() - 1;
-  } else if ((index = add_plan(*graph_, config)) < 0) {
-    throw Error(detail::concat("cuDNN graph API: heuristics' config #", config.heuristic_index, " for ", key,
-                               " is not ", to_string(config), " here (another cuDNN or GPU made the entry)"),
-                CUDNN_STATUS_NOT_SUPPORTED);
+  } else {
+    const auto asked = std::chrono::steady_clock::now();
+    graph_ = heuristic_graph(handle, key, false);
+    heuristics_us_ = microseconds_since(asked);
+    if ((index = add_plan(*graph_, config)) < 0) {
+      throw Error(detail::concat("cuDNN graph API: heuristics' config #", config.heuristic_index, " for ", key,
+                                 " is not ", to_string(config), " here (another cuDNN or GPU made the entry)"),
+                  CUDNN_STATUS_NOT_SUPPORTED);
+    }
   }
   check_status(graph_->build_plan_at_index(index), "build_plan", key);  // selects it for execute and serialize
   std::int64_t bytes = 0;

@@ -143,7 +143,12 @@ PlanCache::Shared PlanCache::build(cudnnHandle_t handle, const ConvolutionKey& k
   ++plans_built;
   const std::uint64_t us = microseconds_since(started);
   build_us += us;
-  debug("plan built in ", us / 1000.0, " ms: ", to_string(config), " for ", key);
+  if (plan->heuristics_us() > 0) {
+    debug("plan built in ", us / 1000.0, " ms (", plan->heuristics_us() / 1000.0, " ms of it heuristics' list): ",
+          to_string(config), " for ", key);
+  } else {
+    debug("plan built in ", us / 1000.0, " ms: ", to_string(config), " for ", key);
+  }
   if (best) keep_serialized(key, config, *plan, stored);
   return std::make_shared<const Entry>(std::move(plan), "");
 }

@@ -242,6 +242,8 @@ TEST_CASE("the best engine config, replayed alone, computes what the legacy API 
                         << to_string(configs.front()) << " " << configs.front().time_ms << " ms");
 
       const GraphPlan plan(handle.handle, key, configs.front());
+      // Only a config stored by its position in heuristics' list asks heuristics for that list.
+      CHECK((plan.heuristics_us() > 0) == (configs.front().heuristic_index != EngineCandidate::kNotListed));
       auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : Workspace();
       plan.execute(handle.handle, buffers, workspace.data());
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -1267,6 +1269,7 @@ TEST_CASE("a heuristic config with knobs cudnn-frontend cannot name is stored by
     // Made again in a graph of its own, it is the same plan: it runs and computes what the legacy API does.
     const GraphPlan plan(handle.handle, key, first.front());
     CHECK(plan.workspace_bytes() == first.front().workspace_bytes);
+    CHECK(plan.heuristics_us() > 0);  // made from heuristics' list, which it asked for
     auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : Workspace();
     plan.execute(handle.handle, operands.buffers(), workspace.data());
     check_matches_legacy(handle.handle, key, operands, 1e-2);

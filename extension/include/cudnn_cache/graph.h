@@ -97,8 +97,9 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
 // The execution plan of one engine config for one key.
 class GraphPlan {
  public:
-  // Builds the plan without heuristics. Throws Error (status CUDNN_STATUS_NOT_SUPPORTED when cuDNN refuses
-  // the config, e.g. one stored by another cuDNN release).
+  // Builds the plan: from the engine and knobs, or, for a config stored by its position in heuristics' list,
+  // from that list, which it asks cuDNN's heuristics for (heuristics_us()). Throws Error (status
+  // CUDNN_STATUS_NOT_SUPPORTED when cuDNN refuses the config, e.g. one stored by another cuDNN release).
   GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const EngineCandidate& config);
 
   // Restores a plan serialize() wrote, without building anything (Note [Stored plans]). Throws Error if cuDNN
@@ -110,6 +111,10 @@ class GraphPlan {
   std::vector<std::uint8_t> serialize() const;
 
   std::uint64_t workspace_bytes() const { return workspace_bytes_; }
+
+  // How long building it waited for heuristics' list (a config stored by its position), microseconds; 0 for
+  // any other plan. The debug log reports it with each plan built.
+  std::uint64_t heuristics_us() const { return heuristics_us_; }
 
   // Runs the plan; the workspace must hold workspace_bytes(). Throws Error if a buffer is not kGraphAlignment-byte aligned
   // or cuDNN fails.
@@ -127,6 +132,7 @@ class GraphPlan {
   Direction direction_;
   std::shared_ptr<graph_internal::Graph> graph_;
   std::uint64_t workspace_bytes_ = 0;
+  std::uint64_t heuristics_us_ = 0;
   // A search's plan that a builder process built: the bytes it was restored from, which serialize() returns
   // rather than serializing a restored graph again (Note [Builder processes] in plan_builders.h). Empty for
   // every other plan.
