@@ -21,7 +21,8 @@ Then, unless --no-interleaved, two more processes per workload (WORKLOAD:interle
 native mode: each loads cache_cold's file and takes a steady step natively, through the converted model and
 under intercept, in turn, --steps rounds, and reports each cache mode's step over native's per round (paired).
 Separate processes differ by more than the modes do (host jitter, clocks), so these are the wall-clock
-comparisons the steady targets judge; PyTorch keeps one plan cache for both its modes, hence one process each.
+comparisons the steady targets judge; PyTorch keeps one plan cache for both its modes, hence one process each
+(--interleaved-against picks one of them).
 
 The cache modes run through the backend --backend names (cudnn_cache.set_backend): 'graph' (default) runs
 cuDNN graph-API engine configs, 'legacy' replays cudnnConvolution*Algo_t.
@@ -164,7 +165,8 @@ def run_all(args, after_each: Optional[Callable[[dict], None]] = None) -> dict:
         if workload != OVERHEAD:
             plan += [(workload, mode) for _ in range(args.rounds) for mode in MODES if mode in args.modes]
             if args.interleaved and "cache_cold" in args.modes:
-                plan += [(workload, f"{INTERLEAVED}:{native}") for native in INTERLEAVED_NATIVE]
+                plan += [(workload, f"{INTERLEAVED}:{native}") for native in INTERLEAVED_NATIVE
+                         if native in args.interleaved_against]
     if OVERHEAD in args.workloads:
         plan.append((OVERHEAD, None))
     rounds, interleaved, overhead = {}, [], None  # rounds: (workload, mode) -> its rounds' results
@@ -251,6 +253,11 @@ def parse_args(argv=None):
                         help="after a workload's modes, its steady step natively and through the cache taken in turn "
                              "in one process, once per native mode: the wall-clock comparison the targets use "
                              "(needs cache_cold; default on)")
+    parser.add_argument("--interleaved-against", nargs="+", choices=INTERLEAVED_NATIVE, default=list(INTERLEAVED_NATIVE),
+                        metavar="NATIVE_MODE",
+                        help="the native modes the interleaved processes compare with (default both): one alone "
+                             "re-measures its rows without paying for the other's process (native benchmark mode "
+                             "tunes for up to a minute in its own); --combine joins the runs")
     parser.add_argument("--audit", action="store_true",
                         help="after cache_cold, time every tuned key against native's choices (cudnn_cache.audit)")
     parser.add_argument("--combine", nargs="+", type=pathlib.Path, metavar="JSON",
@@ -321,7 +328,8 @@ def main(argv=None) -> int:
     if args.case:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
-                "audit": args.audit, "interleaved": args.interleaved, "tuning": args.tuning,
+                "audit": args.audit, "interleaved": args.interleaved,
+                "interleaved_against": args.interleaved_against, "tuning": args.tuning,
                 "prepare_in_background": args.prepare_in_background,
                 "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,
                 "device": args.device}

@@ -355,6 +355,13 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
     args = bench.parse_args(["--workloads", "seed", "--device", "cpu", "--backend", "legacy", "--no-interleaved"])
     commands.clear()
     assert bench.run_all(args)["interleaved"] == [] and not any("interleaved" in c for c in commands)
+    # One native mode's interleaved rows alone, after the cold case whose file they load.
+    args = bench.parse_args(["--workloads", "conv3d_fp32", "--device", "cpu", "--backend", "legacy", "--modes",
+                             "cache_cold", "--interleaved-against", "native_benchmark"])
+    commands.clear()
+    results = bench.run_all(args)
+    assert commands == ["conv3d_fp32:cache_cold", "conv3d_fp32:interleaved:native_benchmark"]
+    assert [r["native_mode"] for r in results["interleaved"]] == ["native_benchmark"]
 
 
 def test_the_json_holds_every_finished_case_while_the_run_goes_on(monkeypatch, tmp_path):
