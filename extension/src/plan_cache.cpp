@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "cudnn_cache/error.h"
@@ -143,12 +144,10 @@ PlanCache::Shared PlanCache::build(cudnnHandle_t handle, const ConvolutionKey& k
   ++plans_built;
   const std::uint64_t us = microseconds_since(started);
   build_us += us;
-  if (plan->heuristics_us() > 0) {
-    debug("plan built in ", us / 1000.0, " ms (", plan->heuristics_us() / 1000.0, " ms of it heuristics' list): ",
-          to_string(config), " for ", key);
-  } else {
-    debug("plan built in ", us / 1000.0, " ms: ", to_string(config), " for ", key);
-  }
+  const std::string listing = plan->heuristics_us() > 0
+                                  ? detail::concat(" (", plan->heuristics_us() / 1000.0, " ms of it heuristics' list)")
+                                  : "";
+  debug("plan built in ", us / 1000.0, " ms", listing, ": ", to_string(config), " for ", key);
   if (best) keep_serialized(key, config, *plan, stored);
   return std::make_shared<const Entry>(std::move(plan), "");
 }
