@@ -171,7 +171,7 @@ def run_all(args, after_each: Optional[Callable[[dict], None]] = None) -> dict:
         plan.append((OVERHEAD, None))
     rounds, interleaved, overhead = {}, [], None  # rounds: (workload, mode) -> its rounds' results
 
-    def results() -> dict:
+    def so_far() -> dict:
         return {"cases": [merge_rounds(results) for results in rounds.values()], "interleaved": interleaved,
                 "overhead": overhead}
 
@@ -196,8 +196,8 @@ def run_all(args, after_each: Optional[Callable[[dict], None]] = None) -> dict:
                 rounds.setdefault((workload, mode), []).append(result)
             print(f"[{index}/{len(plan)}] {name}: {describe(result)}", flush=True)
             if after_each is not None:
-                after_each(results())
-    return results()
+                after_each(so_far())
+    return so_far()
 
 
 def environment(device: str) -> dict:
