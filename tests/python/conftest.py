@@ -1,3 +1,4 @@
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -63,6 +64,33 @@ def pytest_runtest_teardown(item):
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def intercepting(enabled: bool):
+    """cudnn_cache.intercept(enabled) inside the block, the state before it after."""
+    import cudnn_cache
+
+    before = cudnn_cache.intercepting()
+    cudnn_cache.intercept(enabled)
+    try:
+        yield
+    finally:
+        cudnn_cache.intercept(before)
+
+
+def uses_cache(path: str, cached: bool) -> bool:
+    """Whether a pass on `path` ("convert" or "intercept") uses cudnn_cache's own functions and modules: a cached
+    convert pass."""
+    return cached and path == "convert"
+
+
+@contextlib.contextmanager
+def through(path: str, cached: bool):
+    """Native (cached False), or through cudnn_cache on `path`: interception on, or nothing to do (convert
+    picks cudnn_cache's functions and modules itself, uses_cache)."""
+    with intercepting(cached and path == "intercept"):
+        yield
 
 
 def cache_calls() -> int:

@@ -23,7 +23,6 @@ CUDNN_CACHE_CONFORMANCE_REPORT=FILE appends one JSON line per (path, device, dty
 run and passed.
 """
 
-import contextlib
 import copy
 import json
 import os
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
-from conftest import cache_calls
+from conftest import cache_calls, intercepting, through, uses_cache
 
 try:
     from torch.testing._internal.common_methods_invocations import op_db
@@ -274,16 +273,6 @@ def tensor_mismatch(expected, actual, tolerance: float) -> Optional[str]:
     return None
 
 
-@contextlib.contextmanager
-def intercepting(enabled: bool):
-    before = cudnn_cache.intercepting()
-    cudnn_cache.intercept(enabled)
-    try:
-        yield
-    finally:
-        cudnn_cache.intercept(before)
-
-
 def native_uses_cudnn(case: Case) -> Optional[bool]:
     arguments = case.aten_arguments() if case.aten_arguments is not None else None
     if arguments is None:
@@ -379,19 +368,6 @@ def test_error_inputs_raise_as_native_does(path, device, conformance_state):
 PATHS = [pytest.param("convert", "cpu", id="convert-cpu"),
          pytest.param("convert", "cuda", marks=pytest.mark.gpu, id="convert-cuda"),
          pytest.param("intercept", "cuda", marks=pytest.mark.gpu, id="intercept-cuda")]
-
-
-@contextlib.contextmanager
-def through(path: str, cached: bool):
-    """Native (cached False), or through cudnn_cache on `path`: interception on, or nothing to do (convert
-    picks cudnn_cache's functions and modules itself)."""
-    with intercepting(cached and path == "intercept"):
-        yield
-
-
-def uses_cache(path: str, cached: bool) -> bool:
-    """Whether the convert path's cudnn_cache functions and modules are to be used."""
-    return cached and path == "convert"
 
 
 def batched_samples(device, dtype):

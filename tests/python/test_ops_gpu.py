@@ -19,6 +19,7 @@ from torch import nn
 
 import cudnn_cache
 from cudnn_cache import distributed
+from conftest import through, uses_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -74,13 +75,10 @@ def check_against_native(ours, native, tensors, dtype, input_view=lambda x: x):
 
 @contextlib.contextmanager
 def conv_through(path, cached, name):
-    """The convolution function `name` (e.g. "conv2d") as a caller of `path` meets it: cudnn_cache.functional's
-    for a cached convert pass, torch's otherwise, with the intercept on for a cached intercept pass (off after)."""
-    cudnn_cache.intercept(cached and path == "intercept")
-    try:
-        yield getattr(cudnn_cache.functional if cached and path == "convert" else F, name)
-    finally:
-        cudnn_cache.intercept(False)
+    """The convolution function `name` (e.g. "conv2d") as a caller of `path` meets it (conftest's through and
+    uses_cache): cudnn_cache.functional's for a cached convert pass, torch's otherwise."""
+    with through(path, cached):
+        yield getattr(cudnn_cache.functional if uses_cache(path, cached) else F, name)
 
 
 # --- Numerics against torch ------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cudnn_cache
-from conftest import cache_calls
+from conftest import cache_calls, intercepting
 
 pytestmark = pytest.mark.gpu
 
@@ -248,21 +248,16 @@ def run_both(fn: Callable, *args, raises: Optional[type] = None, tolerance: Opti
     results must be equal (assert_same, within `tolerance`, by default TOLERANCE), unless compare=False.
     raises=SomeError: native must raise SomeError, and cudnn_cache the very same exception type; the exceptions
     are returned."""
-    was_intercepting = cudnn_cache.intercepting()
     outcomes = []
-    try:
-        for intercepting in (False, True):
-            cudnn_cache.intercept(intercepting)
-            calls = ConvolutionCalls()
-            try:
-                with calls:
-                    result = fn(*args)
-                torch.cuda.synchronize()
-            except Exception as error:  # judged below, against the other run
-                result = error
-            outcomes.append((result, calls.calls))
-    finally:
-        cudnn_cache.intercept(was_intercepting)
+    for cached in (False, True):
+        calls = ConvolutionCalls()
+        try:
+            with intercepting(cached), calls:
+                result = fn(*args)
+            torch.cuda.synchronize()
+        except Exception as error:  # judged below, against the other run
+            result = error
+        outcomes.append((result, calls.calls))
     (native, native_calls), (ours, our_calls) = outcomes
 
     if raises is not None:
