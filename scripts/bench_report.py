@@ -18,6 +18,9 @@ TARGET_STEADY_STRETCH = 0.95       # of the better native steady step; 'met' is 
 TARGET_OP_OVERHEAD_US = 1.0        # the op's host time per call above native's, in TorchScript
 TARGET_TRAIN_OVERHEAD_US = 1.0     # host time per forward + backward above the better native's, eager
 TARGET_INTERCEPT_RATIO = 1.02      # cache_intercept's steady step over cache_warm's (run-to-run noise)
+TARGET_EXHAUSTIVE_GPU = 0.97       # exhaustive=True: warm GPU time per step over the better native's, on half the
+                                   # workloads at least (and never above 1.00 on any)
+ALL_WORKLOADS = "all workloads"    # the workload of a target judged over every workload of the run
 
 
 def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
@@ -113,6 +116,9 @@ def check_targets(report: dict) -> List[dict]:
     """The targets, for every workload with a cache_cold or cache_warm case, then for the host overhead:
     dicts {workload, target, value, limit, unit, met}, met = value <= limit, or None (no data) when a case it
     needs is missing or failed. The better-native-steady target also has stretch_limit and stretch_met.
+    A run tuned with exhaustive=True (--tuning exhaustive=1: offline tuning) has no cold first-step targets;
+    instead each workload's warm GPU time per step against the better native's (<= 1.00, stretch 0.97), and once
+    for the run, at most half of the workloads above 0.97.
 
     The wall-clock steady targets (warm against either native, cold against warm) compare medians and also carry
     intervals_overlap, whether the 95% intervals of the two steady steps overlap: a median above the limit is a
@@ -130,6 +136,8 @@ def check_targets(report: dict) -> List[dict]:
         targets.append(row)
 
     workloads = dict.fromkeys(c["workload"] for c in report["cases"] if c["mode"].startswith("cache_"))
+    exhaustive = bool((report.get("settings", {}).get("tuning") or {}).get("exhaustive"))
+    exhaustive_gpu: List[float] = []  # the ratios of the exhaustive GPU target, per workload that has one
     for workload in workloads:
         def get(mode, key):
             return ok.get((workload, mode), {}).get(key)
@@ -152,11 +160,21 @@ def check_targets(report: dict) -> List[dict]:
         target(workload, f"warm steady ÷ better native steady ≤ 1.00 (stretch {TARGET_STEADY_STRETCH:.2f})",
                ratio(warm_steady, median_of(best_wall)), 1.0, "ratio", stretch_limit=TARGET_STEADY_STRETCH,
                overlap=overlap(warm_wall, best_wall))
-        target(workload, f"cold first step ÷ native_benchmark first step ≤ {TARGET_COLD_RATIO:.2f}",
-               ratio(get("cache_cold", "first_s"), get("native_benchmark", "first_s")), TARGET_COLD_RATIO, "ratio")
-        if workload in WORKLOADS and WORKLOADS[workload].depthwise:
-            target(workload, "cold first step ≤ native_heuristic first step (depthwise: native heuristics compiles "
-                   "engines too)", get("cache_cold", "first_s"), get("native_heuristic", "first_s"), "s")
+        if exhaustive:
+            # Offline tuning (warm_start.py --exhaustive) pays its time once, so the cold first step has no target;
+            # what it is for is GPU time, judged on the clock that does not swing between processes.
+            gpu = ratio(median_of(get("cache_warm", "gpu_ms")), median_of(better_native(ok, workload, "gpu_ms")))
+            target(workload, f"exhaustive: warm GPU time per step ÷ better native's ≤ 1.00 (stretch "
+                   f"{TARGET_EXHAUSTIVE_GPU:.2f})", gpu, 1.0, "ratio", stretch_limit=TARGET_EXHAUSTIVE_GPU)
+            if gpu is not None:
+                exhaustive_gpu.append(gpu)
+        else:
+            target(workload, f"cold first step ÷ native_benchmark first step ≤ {TARGET_COLD_RATIO:.2f}",
+                   ratio(get("cache_cold", "first_s"), get("native_benchmark", "first_s")), TARGET_COLD_RATIO,
+                   "ratio")
+            if workload in WORKLOADS and WORKLOADS[workload].depthwise:
+                target(workload, "cold first step ≤ native_heuristic first step (depthwise: native heuristics "
+                       "compiles engines too)", get("cache_cold", "first_s"), get("native_heuristic", "first_s"), "s")
         target(workload, f"cold steady ÷ warm steady ≤ {TARGET_TUNING_PROCESS_RATIO:.2f} (the tuning process at warm "
                "speed)", ratio(get("cache_cold", "steady_ms"), warm_steady), TARGET_TUNING_PROCESS_RATIO, "ratio",
                overlap=overlap(get("cache_cold", "wall_ms"), warm_wall))
@@ -167,6 +185,11 @@ def check_targets(report: dict) -> List[dict]:
         if audit is not None and audit["keys"]:
             target(workload, f"keys whose stored choice is > {AUDIT_NOISE:g}x slower than a native choice, "
                    "measured the same way (cudnn_cache.audit)", audit["slower_than_native"], 0, "count")
+    if exhaustive and workloads:
+        above = sum(gpu > TARGET_EXHAUSTIVE_GPU for gpu in exhaustive_gpu)
+        target(ALL_WORKLOADS, f"exhaustive: workloads whose warm GPU time per step is above {TARGET_EXHAUSTIVE_GPU:.2f}x "
+               f"the better native's, at most half of the {len(exhaustive_gpu)} measured",
+               above if exhaustive_gpu else None, len(exhaustive_gpu) // 2 if exhaustive_gpu else None, "count")
     for workload, (results, ran) in interleaved_by_workload(report).items():
         for mode in ("cache_warm", "cache_intercept"):
             # The better native is the one whose ratio is higher; each was measured against its own process.
@@ -418,9 +441,10 @@ def targets_table(targets: List[dict]) -> List[str]:
         # An interleaved ratio is resolved to 0.1%: print it so.
         value = number(t["value"], spec, unit) if t.get("interval") is None else interval_cell(t["interval"], ".3f", unit)
         rows.append([label, t["target"], value, number(t["limit"], spec, unit), verdict])
-    met = sum(t["met"] is True for t in targets)
-    return ["", "## Targets", "", f"{met} of {len(targets)} met (cache_warm and cache_cold against the native "
-            "cases of the same workload).", ""] + table(["workload", "target", "value", "limit", "result"], rows)
+    met, without = sum(t["met"] is True for t in targets), sum(t["met"] is None for t in targets)
+    return ["", "## Targets", "", f"{met} of {len(targets)} met" + (f", {without} without data" if without else "") +
+            " (cache_warm and cache_cold against the native cases of the same workload).", ""] + \
+        table(["workload", "target", "value", "limit", "result"], rows)
 
 
 def markdown(report: dict) -> str:
