@@ -38,9 +38,9 @@ first warm-up step, timed alone: first minus second is what only a first step pa
 estimate (first step minus the median steady step), the cache load and prepare times, and the cache counters
 (tuning and plan-build time among them). A separate micro case measures host overhead per call: a tiny
 convolution's forward, native F.conv2d against the op torch.ops.cudnn_cache.convolution called directly and
-against cudnn_cache.functional.conv2d (and both in TorchScript); and the eager training path, forward +
+against cudnn_cache.functional.conv2d (and both in TorchScript); and the training path, forward +
 backward of a 16 -> 16 3x3 convolution, native F.conv2d against the op and against F.conv2d under
-cudnn_cache.intercept(True).
+cudnn_cache.intercept(True), from Python and in a TorchScript loop.
 
 Targets, checked per workload from its cases and once for the op's host overhead (met or missed):
     warm first step <= native_heuristic first step;  warm start <= 0.3 s (cache_warm, and cache_env's);
@@ -54,7 +54,8 @@ Targets, checked per workload from its cases and once for the op's host overhead
     with --tuning exhaustive=1 (offline tuning, paid once) no cold first-step targets; instead warm GPU time
         per step <= the better native's on every workload, and <= 0.97 of it on at least half of them;
     the op's host time per call in TorchScript <= native's + 1 us; the eager training path's host time per
-    iteration, through the op and through intercept, <= the better native's + 1 us.
+    iteration, through the op and through intercept, <= the better native's + 1 us; the same iteration made by a
+    TorchScript loop (as LibTorch training makes it), through either, <= native's in such a loop + 1 us.
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
 

@@ -125,6 +125,10 @@ OVERHEAD_LABELS = {  # its rows: result name -> the call timed
     "train_native_benchmark": "training: F.conv2d forward + backward (benchmark=True)",
     "train_op": "training: cudnn_cache.functional.convolution_call (a converted module's call) forward + backward",
     "train_intercept": "training: F.conv2d forward + backward under cudnn_cache.intercept(True)",
+    "train_native_scripted": "training in a TorchScript loop: torch.conv2d + torch.autograd.grad (benchmark=False)",
+    "train_op_scripted": "training in a TorchScript loop: cudnn_cache::convolution + torch.autograd.grad",
+    "train_intercept_scripted": "training in a TorchScript loop: torch.conv2d + torch.autograd.grad under "
+                                "cudnn_cache.intercept(True)",
 }
 NATIVE_OVERHEADS = ("native_heuristic", "native_benchmark")
 NATIVE_TRAIN_OVERHEADS = ("train_native_heuristic", "train_native_benchmark")
@@ -453,7 +457,9 @@ def run_overhead_case(args) -> dict:
     (see NATIVE_OVERHEADS); eager_op_overhead_above_native_us: the same from Python;
     train_op_overhead_above_native_us and train_intercept_overhead_above_native_us: the training rows' host
     time per iteration through the op (as a converted module calls it) and through intercept, above the
-    better native's."""
+    better native's; scripted_train_op_overhead_above_native_us and scripted_train_intercept_overhead_above_native_us:
+    the same iterations made by a TorchScript loop (as a LibTorch or TorchScript training loop makes them), above
+    native's in such a loop."""
     import torch.nn.functional as F
 
     import cudnn_cache
@@ -488,6 +494,13 @@ def run_overhead_case(args) -> dict:
         return op(x, w, None, [1, 1], [1, 1], [1, 1], 1)
 
     native_loop, op_loop = torch.jit.script(scripted_native_loop), torch.jit.script(scripted_op_loop)
+    native_training, op_training = (torch.jit.script(scripted_native_training),
+                                    torch.jit.script(scripted_op_training))
+
+    def scripted_training_calls(loop):
+        def calls():
+            loop(train_x, train_w, train_grad, TRAIN_CALLS)
+        return calls
     rows = {  # name (as in OVERHEAD_LABELS) -> (cudnn.benchmark, intercept, calls per round, a round of calls)
         "native_heuristic": (False, False, OVERHEAD_CALLS, forward_calls(lambda: native(x, w))),
         "native_benchmark": (True, False, OVERHEAD_CALLS, forward_calls(lambda: native(x, w))),
@@ -500,6 +513,9 @@ def run_overhead_case(args) -> dict:
         "train_native_benchmark": (True, False, TRAIN_CALLS, training_calls(native)),
         "train_op": (False, False, TRAIN_CALLS, training_calls(through_op)),
         "train_intercept": (False, True, TRAIN_CALLS, training_calls(native)),
+        "train_native_scripted": (False, False, TRAIN_CALLS, scripted_training_calls(native_training)),
+        "train_op_scripted": (False, False, TRAIN_CALLS, scripted_training_calls(op_training)),
+        "train_intercept_scripted": (False, True, TRAIN_CALLS, scripted_training_calls(native_training)),
     }
 
     def time_round(benchmark: bool, intercept: bool, calls: int, round_of_calls) -> tuple:
@@ -544,6 +560,10 @@ def run_overhead_case(args) -> dict:
             "train_op_overhead_above_native_us": above_better_native("train_op", NATIVE_TRAIN_OVERHEADS),
             "train_intercept_overhead_above_native_us": above_better_native("train_intercept",
                                                                             NATIVE_TRAIN_OVERHEADS),
+            "scripted_train_op_overhead_above_native_us": above_better_native("train_op_scripted",
+                                                                              ["train_native_scripted"]),
+            "scripted_train_intercept_overhead_above_native_us": above_better_native("train_intercept_scripted",
+                                                                                     ["train_native_scripted"]),
             "stats": cudnn_cache.stats()}
 
 
@@ -568,6 +588,25 @@ def scripted_op_loop(x: torch.Tensor, w: torch.Tensor, calls: int) -> List[torch
     for _ in range(calls):
         outputs.append(torch.ops.cudnn_cache.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1))
     return outputs
+
+
+def scripted_native_training(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor,
+                             calls: int) -> List[Optional[torch.Tensor]]:
+    grads: List[Optional[torch.Tensor]] = []
+    for _ in range(calls):
+        outputs: List[Optional[torch.Tensor]] = [grad]
+        grads += torch.autograd.grad([torch.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1)], [x, w], outputs)
+    return grads
+
+
+def scripted_op_training(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor,
+                         calls: int) -> List[Optional[torch.Tensor]]:
+    grads: List[Optional[torch.Tensor]] = []
+    for _ in range(calls):
+        outputs: List[Optional[torch.Tensor]] = [grad]
+        grads += torch.autograd.grad([torch.ops.cudnn_cache.convolution(x, w, None, [1, 1], [1, 1], [1, 1], 1)],
+                                     [x, w], outputs)
+    return grads
 
 
 def run_interleaved_case(workload_name: str, native_mode: str, args) -> dict:

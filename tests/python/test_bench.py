@@ -88,12 +88,15 @@ def synthetic_report() -> dict:
                                stats=stats(0, 100)))
     overhead_us = {"native_heuristic": 8.0, "native_benchmark": 7.5, "op": 9.0, "functional": 10.0,
                    "train_native_heuristic": 155.0, "train_native_benchmark": 156.0, "train_op": 155.5,
-                   "train_intercept": 157.0}
+                   "train_intercept": 157.0, "train_native_scripted": 150.0, "train_op_scripted": 150.5,
+                   "train_intercept_scripted": 153.0}
     overhead = {"workload": "overhead", "backend": "graph", "input": [1, 8, 8, 8], "weight": [8, 8, 3, 3],
                 "padding": 1, "calls": 1000, "repeats": 30, "train_input": [8, 16, 8, 8],
                 "train_weight": [16, 16, 3, 3], "train_calls": 50, "stats": stats(0, 0),
                 "op_overhead_above_native_us": 1.5, "eager_op_overhead_above_native_us": 1.5,
                 "train_op_overhead_above_native_us": 0.5, "train_intercept_overhead_above_native_us": 2.0,
+                "scripted_train_op_overhead_above_native_us": 0.5,
+                "scripted_train_intercept_overhead_above_native_us": 3.0,
                 "results": {name: {"wall_us": us + 1, "host_us": us, "wall_us_rounds": [us + 1] * 30,
                                    "host_us_rounds": [us] * 30, "wall_us_interval": {"median": us + 1, "lo": us + 0.5,
                                                                                      "hi": us + 1.5, "n": 30},
@@ -161,8 +164,8 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert by_case[("conv3d_fp32", "cache_warm")]["derived"]["wall_loss_vs_best_native"] is False
     failed = by_case[("resnet18_fp16_cl", "cache_warm")]
     assert "derived" not in failed and failed["error"] == FAILED_ERROR
-    # Per workload 6 (and the depthwise one's cold against heuristics), 2 interleaved for 2 workloads, 3 overhead.
-    assert len(data["targets"]) == 6 * 6 + 1 + 2 * 2 + 3 and data["targets"] == report["targets"]
+    # Per workload 6 (and the depthwise one's cold against heuristics), 2 interleaved for 2 workloads, 5 overhead.
+    assert len(data["targets"]) == 6 * 6 + 1 + 2 * 2 + 5 and data["targets"] == report["targets"]
     assert len(data["interleaved"]) == 4
 
     assert (tmp_path / "bench.md").read_text() == markdown
@@ -204,8 +207,9 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
     assert "above the better native's: 1.5 us" in overhead
     assert ("| training: F.conv2d forward + backward under cudnn_cache.intercept(True) | 158.0 [157.5, 158.5] us | "
             "157.0 [156.5, 157.5] us |") in overhead
-    assert "Host time above the better native's: through the op 0.5 us, through intercept 2.0 us." in overhead
-    assert len(table_rows(overhead)) == (2 + 4) + (2 + 4)  # the forward table, then the training table
+    assert ("Host time above the better native's: through the op 0.5 us, through intercept 2.0 us; in a TorchScript "
+            "loop, above native's in one: through the op 0.5 us, through intercept 3.0 us.") in overhead
+    assert len(table_rows(overhead)) == (2 + 4) + (2 + 7)  # the forward table, then the training table
     assert "cudnn_cache.set_backend('graph')" in section(markdown, "Notes") and "plan_build_s is null" not in markdown
 
     chart = tmp_path / "bench.png"
@@ -272,7 +276,7 @@ def test_targets_met_missed_and_without_data(tmp_path):
 
     text = section(markdown, "Targets")
     rows = table_rows(text)
-    assert len(rows) == 2 + 44 and all(len(row) == 5 for row in rows)
+    assert len(rows) == 2 + 46 and all(len(row) == 5 for row in rows)
     assert "| ResNet-50 fp32 bs32 | warm first step ≤ native_heuristic first step | 0.30 s | 0.47 s | met |" in text
     assert ("| ResNet-50 fp32 bs32 | warm steady ÷ native_benchmark steady ≤ 1.00 | 1.04 | 1.00 | missed "
             "(intervals apart) |") in text
@@ -288,7 +292,10 @@ def test_targets_met_missed_and_without_data(tmp_path):
     assert ("| ResNet-50 fp32 bs32 | cache_intercept steady ÷ better native steady ≤ 1.00, interleaved in one process "
             "(the paired ratio per round; met while its 95% interval reaches 1.00) | 1.010 [1.010, 1.010] | 1.00 | missed |"
             ) in text
-    assert f"{met} of 44 met" in text
+    scripted = targets[("overhead", "TorchScript training loop (forward + backward) through intercept")]
+    assert (scripted["value"], scripted["limit"], scripted["met"]) == (3.0, 1.0, False)
+    assert targets[("overhead", "TorchScript training loop (forward + backward) through the op")]["met"] is True
+    assert f"{met} of 46 met" in text
 
 
 def test_an_exhaustive_run_is_judged_on_gpu_time_not_on_its_cold_first_step(tmp_path):
@@ -709,7 +716,8 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     results = overhead["results"]
     assert set(results) == {"native_heuristic", "native_benchmark", "op", "functional", "native_scripted",
                             "op_scripted", "train_native_heuristic", "train_native_benchmark", "train_op",
-                            "train_intercept"}
+                            "train_intercept", "train_native_scripted", "train_op_scripted",
+                            "train_intercept_scripted"}
     for result in results.values():
         assert len(result["host_us_rounds"]) == 20 and result["host_us_interval"]["n"] == 20
         assert result["host_us_interval"] == bench_stats.median_interval(result["host_us_rounds"])
@@ -722,6 +730,9 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
     assert overhead["eager_op_overhead_above_native_us"] == pytest.approx(results["op"]["host_us"] - native)
     assert overhead["op_overhead_above_native_us"] == pytest.approx(
         results["op_scripted"]["host_us"] - results["native_scripted"]["host_us"])
+    for way in ("op", "intercept"):
+        assert overhead[f"scripted_train_{way}_overhead_above_native_us"] == pytest.approx(
+            results[f"train_{way}_scripted"]["host_us"] - results["train_native_scripted"]["host_us"])
     assert {t["workload"] for t in data["targets"]} == {"seed", "overhead"}
     assert (tmp_path / "bench.md").exists() and "| cache_warm |" in done.stdout and "## Targets" in done.stdout
 
