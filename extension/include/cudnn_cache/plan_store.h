@@ -5,14 +5,14 @@
 // Note [Stored plans]
 // ~~~~~~~~~~~~~~~~~~~
 // Where a warm process's first step goes (H200, cuDNN 9.19; docs/PERFORMANCE.md has the figures): loading the
-// file takes milliseconds; rebuilding a plan of a precompiled engine takes 0.2 ms from its engine and knobs
-// (ResNet-18 fp16, H100) and 9-15 ms in fp32 networks, whose TF32 engines are often stored by their position
-// in heuristics' list (Note [Engine configs]; the debug log says how much of it asking for the list takes),
-// and parallelises over prepare()'s threads; the first launch of every kernel (lazy module loading) costs a
-// few hundred milliseconds once, as it does natively. The exception is engines cuDNN compiles at run time
-// (BehaviorNote_t::RUNTIME_COMPILATION, the usual winners for depthwise convolutions in bf16/fp16): each build
-// runs NVRTC for 170-250 ms, concurrent builds do not overlap, and MobileNetV2 pays 7 s for them in every
-// new process, with or without PyTorch's benchmark mode.
+// file takes milliseconds; rebuilding a plan of a precompiled engine takes 0.1-1 ms from its engine and knobs,
+// and 1-4 ms for a config stored by its position in heuristics' list (Note [Engine configs]), most of it asking
+// for that list (the debug log says how much); the builds parallelise over prepare()'s threads. A process's
+// first build of a real-size config pays 60-80 ms once, inside cuDNN (H100, PERFORMANCE's twenty-sixth), and
+// the first launch of every kernel (lazy module loading) a few hundred milliseconds once, as it does natively.
+// The exception is engines cuDNN compiles at run time (BehaviorNote_t::RUNTIME_COMPILATION, the usual winners
+// for depthwise convolutions in bf16/fp16): each build runs NVRTC for 170-250 ms, concurrent builds do not
+// overlap, and MobileNetV2 pays 7 s for them in every new process, with or without PyTorch's benchmark mode.
 //
 // So for those engines the plan cuDNN built is serialized (cudnn-frontend's Graph::serialize, which carries
 // the compiled kernel: ~100 KB) and saved with the entry; restoring it takes ~12 ms. A stored plan only loads
