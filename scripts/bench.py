@@ -50,7 +50,8 @@ Targets, checked per workload from its cases and once for the op's host overhead
     cold steady (the tuning process) <= 1.02 x warm steady, on wall-clock medians as above;
     intercepted steady <= 1.02 x the converted model's (cache_warm) steady, with nothing tuned;
     with --audit, no key whose stored choice is > 2% slower than a native choice measured the same way, by
-    more than that key's resolution (the gap between its own two timings of its stored config);
+    more than that key's resolution (the gap between its own two timings of its stored config); with
+        --audit-repeats N, also none that every one of N audits in the process finds slower;
     with --tuning exhaustive=1 (offline tuning, paid once) no cold first-step targets; instead warm GPU time
         per step <= the better native's on every workload, and <= 0.97 of it on at least half of them;
     the op's host time per call in TorchScript <= native's + 1 us; the eager training path's host time per
@@ -133,7 +134,7 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
     if cache_file is not None:
         command += ["--cache-file", str(cache_file)]
     if args.audit:
-        command.append("--audit")
+        command += ["--audit", "--audit-repeats", str(args.audit_repeats)]
     if args.profile_first:
         command.append("--profile-first")
     if args.prepare_in_background:
@@ -263,6 +264,9 @@ def parse_args(argv=None):
                              "tunes for up to a minute in its own); --combine joins the runs")
     parser.add_argument("--audit", action="store_true",
                         help="after cache_cold, time every tuned key against native's choices (cudnn_cache.audit)")
+    parser.add_argument("--audit-repeats", type=int, default=1, metavar="N",
+                        help="with --audit, audit N times in the cache_cold process: the report counts the keys "
+                             "every audit found slower too (default 1)")
     parser.add_argument("--combine", nargs="+", type=pathlib.Path, metavar="JSON",
                         help="no benchmark: one report (JSON, markdown, chart) of the JSON reports of runs split "
                              "in parts, e.g. to fit a time limit")
@@ -306,8 +310,10 @@ def parse_args(argv=None):
     if args.steps < least:
         parser.error(f"--steps must be >= {least}{' with --quick' if args.quick else ''} (every figure is a median "
                      "with its 95% interval over them)")
-    if args.warmup < 0 or args.timeout <= 0 or args.rounds < 1:
-        parser.error("--warmup must be >= 0, --timeout > 0 and --rounds >= 1")
+    if args.warmup < 0 or args.timeout <= 0 or args.rounds < 1 or args.audit_repeats < 1:
+        parser.error("--warmup must be >= 0, --timeout > 0, --rounds >= 1 and --audit-repeats >= 1")
+    if args.audit_repeats > 1 and not args.audit:
+        parser.error("--audit-repeats repeats the audit: add --audit")
     for mode in LOADS_COLD_FILE:
         if mode in args.modes and "cache_cold" not in args.modes:
             parser.error(f"{mode} loads the file cache_cold writes: add cache_cold to --modes")
@@ -331,7 +337,7 @@ def main(argv=None) -> int:
     if args.case:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
-                "audit": args.audit, "interleaved": args.interleaved,
+                "audit": args.audit, "audit_repeats": args.audit_repeats, "interleaved": args.interleaved,
                 "interleaved_against": args.interleaved_against, "tuning": args.tuning,
                 "prepare_in_background": args.prepare_in_background,
                 "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,

@@ -644,6 +644,38 @@ def test_audit_resolution_is_each_keys_own():
     assert bench_cases.summarize_audit([old])["rows"][0]["resolution_us"] == 0.0
 
 
+def test_audits_repeated_in_one_process_count_the_verdicts_that_repeat(tmp_path):
+    # Three audits of the same three keys: "real" is slower in each, "noise" in the first only, "late" in the
+    # last two; only "real" counts as slower in every audit. The summary is the first audit's.
+    slow, tie = (0.030, 0.020, 0.020), (0.020, 0.020, 0.020)
+    audits = iter([[audit_row(*slow, "real"), audit_row(*slow, "noise"), audit_row(*tie, "late")],
+                   [audit_row(*slow, "real"), audit_row(*tie, "noise"), audit_row(*slow, "late")],
+                   [audit_row(*slow, "real"), audit_row(*tie, "noise"), audit_row(*slow, "late")]])
+    summary = bench_cases.audit_repeatedly(lambda: next(audits), 3)
+    assert summary["slower_than_native"] == 2 and summary["slower_per_audit"] == [2, 2, 2]
+    assert summary["slower_in_every_audit"] == 1 and summary["slower_in_every_audit_keys"] == ["forward real"]
+    assert summary["audit_repeats"] == 3 and [row["key"] for row in summary["rows"]] == ["real", "noise", "late"]
+    once = bench_cases.audit_repeatedly(lambda: [audit_row(*slow, "real")], 1)
+    assert once["slower_than_native"] == 1 and "audit_repeats" not in once and "slower_in_every_audit" not in once
+
+    report = synthetic_report()
+    cold = next(c for c in report["cases"] if c["mode"] == "cache_cold" and "error" not in c)
+    cold["audit"] = dict(summary, seconds=2.0)
+    targets = [t for t in bench_report.check_targets(report) if t["workload"] == cold["workload"]]
+    once_target = next(t for t in targets if "(cudnn_cache.audit)" in t["target"])
+    repeated = next(t for t in targets if "every one of 3 audits" in t["target"])
+    assert (once_target["value"], once_target["met"]) == (2, False) and (repeated["value"], repeated["met"]) == (1, False)
+    lines = bench_report.audit_table([cold])
+    assert any("| 2 / 2 / 2, in all 1 |" in line for line in lines)
+
+    args = bench.parse_args(["--audit", "--audit-repeats", "2"])
+    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).audit_repeats == 2
+    assert bench.parse_args(["--audit"]).audit_repeats == 1
+    for wrong in (["--audit-repeats", "2"], ["--audit", "--audit-repeats", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(wrong)
+
+
 def test_quick_arguments():
     args = bench.parse_args(["--quick"])
     assert args.workloads == ["seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", "overhead"]
