@@ -676,6 +676,25 @@ def test_audits_repeated_in_one_process_count_the_verdicts_that_repeat(tmp_path)
             bench.parse_args(wrong)
 
 
+@pytest.mark.gpu
+def test_audits_repeated_on_the_gpu_report_each_audits_verdicts(tmp_path):
+    # The seed model tuned, then audited twice in its cache_cold process by cudnn_cache.audit on the GPU.
+    done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--audit", "--audit-repeats",
+                      "2", "--quick", "--steps", "20", "--warmup", "1", "--output-dir", tmp_path, "--json",
+                      tmp_path / "raw.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]
+    audit = cold["audit"]
+    assert audit["keys"] == 6 and len(audit["rows"]) == 6  # two convolutions, three directions each
+    assert audit["audit_repeats"] == 2 and len(audit["slower_per_audit"]) == 2
+    assert audit["slower_per_audit"][0] == audit["slower_than_native"]
+    assert audit["slower_in_every_audit"] == len(audit["slower_in_every_audit_keys"]) <= min(audit["slower_per_audit"])
+    assert set(audit["slower_in_every_audit_keys"]) <= {f"{row['direction']} {row['key']}" for row in audit["rows"]
+                                                         if row["slower_than_native"]}
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "every one of 2 audits" in markdown and ", in all " in section(markdown, "Per-key audit")
+
+
 def test_quick_arguments():
     args = bench.parse_args(["--quick"])
     assert args.workloads == ["seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", "overhead"]
