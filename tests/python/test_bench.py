@@ -644,7 +644,7 @@ def test_audit_resolution_is_each_keys_own():
     assert bench_cases.summarize_audit([old])["rows"][0]["resolution_us"] == 0.0
 
 
-def test_audits_repeated_in_one_process_count_the_verdicts_that_repeat(tmp_path):
+def test_audits_repeated_in_one_process_count_the_verdicts_that_repeat():
     # Three audits of the same three keys: "real" is slower in each, "noise" in the first only, "late" in the
     # last two; only "real" counts as slower in every audit. The summary is the first audit's.
     slow, tie = (0.030, 0.020, 0.020), (0.020, 0.020, 0.020)
