@@ -51,7 +51,8 @@ Targets, checked per workload from its cases and once for the op's host overhead
     intercepted steady <= 1.02 x the converted model's (cache_warm) steady, with nothing tuned;
     with --audit, no key whose stored choice is > 2% slower than a native choice measured the same way, by
     more than that key's resolution (the gap between its own two timings of its stored config); with
-        --audit-repeats N, also none that every one of N audits in the process finds slower;
+        --audit-repeats N, also none that every one of N audits in the process finds slower (--audit-rounds
+        sets each audit's rounds per key);
     with --tuning exhaustive=1 (offline tuning, paid once) no cold first-step targets; instead warm GPU time
         per step <= the better native's on every workload, and <= 0.97 of it on at least half of them;
     the op's host time per call in TorchScript <= native's + 1 us; the eager training path's host time per
@@ -135,6 +136,8 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         command += ["--cache-file", str(cache_file)]
     if args.audit:
         command += ["--audit", "--audit-repeats", str(args.audit_repeats)]
+        if args.audit_rounds is not None:
+            command += ["--audit-rounds", str(args.audit_rounds)]
     if args.profile_first:
         command.append("--profile-first")
     if args.prepare_in_background:
@@ -267,6 +270,9 @@ def parse_args(argv=None):
     parser.add_argument("--audit-repeats", type=int, default=1, metavar="N",
                         help="with --audit, audit N times in the cache_cold process: the report counts the keys "
                              "every audit found slower too (default 1)")
+    parser.add_argument("--audit-rounds", type=int, metavar="N",
+                        help="with --audit, time each key's configs in N interleaved rounds (default: the tuning's "
+                             "repetitions, 7): more rounds, a finer verdict; the search itself is not changed")
     parser.add_argument("--combine", nargs="+", type=pathlib.Path, metavar="JSON",
                         help="no benchmark: one report (JSON, markdown, chart) of the JSON reports of runs split "
                              "in parts, e.g. to fit a time limit")
@@ -312,8 +318,10 @@ def parse_args(argv=None):
                      "with its 95% interval over them)")
     if args.warmup < 0 or args.timeout <= 0 or args.rounds < 1 or args.audit_repeats < 1:
         parser.error("--warmup must be >= 0, --timeout > 0, --rounds >= 1 and --audit-repeats >= 1")
-    if args.audit_repeats > 1 and not args.audit:
-        parser.error("--audit-repeats repeats the audit: add --audit")
+    if (args.audit_repeats > 1 or args.audit_rounds is not None) and not args.audit:
+        parser.error("--audit-repeats and --audit-rounds set how the audit runs: add --audit")
+    if args.audit_rounds is not None and args.audit_rounds < 1:
+        parser.error("--audit-rounds must be >= 1")
     for mode in LOADS_COLD_FILE:
         if mode in args.modes and "cache_cold" not in args.modes:
             parser.error(f"{mode} loads the file cache_cold writes: add cache_cold to --modes")
@@ -337,7 +345,8 @@ def main(argv=None) -> int:
     if args.case:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
-                "audit": args.audit, "audit_repeats": args.audit_repeats, "interleaved": args.interleaved,
+                "audit": args.audit, "audit_repeats": args.audit_repeats, "audit_rounds": args.audit_rounds,
+                "interleaved": args.interleaved,
                 "interleaved_against": args.interleaved_against, "tuning": args.tuning,
                 "prepare_in_background": args.prepare_in_background,
                 "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,

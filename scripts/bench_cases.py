@@ -322,7 +322,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
             result["save_s"] = time.perf_counter() - started
             if args.audit and device.type == "cuda":
                 started = time.perf_counter()
-                result["audit"] = audit_repeatedly(cache.audit, args.audit_repeats)
+                result["audit"] = audit_cache(cache, args.audit_repeats, args.audit_rounds)
                 result["audit"]["seconds"] = time.perf_counter() - started
         if mode_name in LOADS_COLD_FILE:
             result["plans_deserialized"] = stats.get("plans_deserialized")
@@ -399,6 +399,21 @@ def audit_repeatedly(audit: Callable[[], List[dict]], repeats: int) -> dict:
         first.update(audit_repeats=len(summaries), slower_per_audit=[len(keys) for keys in flagged],
                      slower_in_every_audit=len(in_every), slower_in_every_audit_keys=sorted(in_every))
     return first
+
+
+def audit_cache(cache, repeats: int, rounds: Optional[int]) -> dict:
+    """audit_repeatedly of cudnn_cache.audit, in `rounds` interleaved rounds per key where given (the tuning
+    option `repetitions`, which the audit's rounds follow, is set for the audits alone and put back after), else
+    in the tuning's; the summary records how many (rounds)."""
+    before = cache.tuning_options()["repetitions"]
+    if rounds is not None:
+        cache.set_tuning_options(repetitions=rounds)
+    try:
+        summary = audit_repeatedly(cache.audit, repeats)
+    finally:
+        cache.set_tuning_options(repetitions=before)
+    summary["rounds"] = before if rounds is None else rounds
+    return summary
 
 
 def profile_each_step(step: Callable[[], None], device: torch.device, steps: int, activities: list,

@@ -377,7 +377,8 @@ def audit_table(cases: List[dict]) -> List[str]:
              "resolution: the median and the widest of the keys' resolutions. Ratios are stored ÷ native; below 1 "
              "is faster. Where the process audited more than once (--audit-repeats), 'slower' gives each audit's "
              "count and, after 'in all', the keys every audit found slower; the other columns are the first "
-             "audit's, and the audit time is all of them.", ""]
+             "audit's, and the audit time is all of them. rounds: each audit's interleaved rounds per key "
+             "(--audit-rounds; else the tuning's repetitions).", ""]
     rows = []
     for case in audited:
         a = case["audit"]
@@ -391,10 +392,10 @@ def audit_table(cases: List[dict]) -> List[str]:
                      str(a["faster_than_native"]), f"{a['geomean_vs_heuristic']:.3f}",
                      f"{a['geomean_vs_benchmark']:.3f}",
                      f"{a['stored_total_ms']:.2f} / {a['heuristic_total_ms']:.2f} / {a['benchmark_total_ms']:.2f} ms",
-                     f"{a['worst_ratio']:.3f}", f"{a['seconds']:.1f} s"])
+                     f"{a['worst_ratio']:.3f}", f"{a['seconds']:.1f} s", str(a.get("rounds", "-"))])
     return lines + table(["workload", "keys", "resolution median / max", "slower", f"faster < 1/{AUDIT_NOISE:g}",
                           "geomean ÷ heuristic", "geomean ÷ benchmark", "sum stored / heuristic / benchmark",
-                          "worst key ratio", "audit time"], rows)
+                          "worst key ratio", "audit time", "rounds"], rows)
 
 
 def overhead_table(overhead: Optional[dict]) -> List[str]:

@@ -676,6 +676,66 @@ def test_audits_repeated_in_one_process_count_the_verdicts_that_repeat():
             bench.parse_args(wrong)
 
 
+class TuningOptionsAndAudit:
+    """What audit_cache uses of the cudnn_cache module: its tuning options and audit(), which records the
+    repetitions each audit ran with."""
+
+    def __init__(self):
+        self.options = {"repetitions": 7, "warmup": 3}
+        self.audited_with = []
+
+    def tuning_options(self):
+        return dict(self.options)
+
+    def set_tuning_options(self, **options):
+        self.options.update(options)
+
+    def audit(self):
+        self.audited_with.append(self.options["repetitions"])
+        return [audit_row(0.030, 0.020, 0.020, "slow")]
+
+
+def test_audit_rounds_are_set_for_the_audits_alone():
+    cache = TuningOptionsAndAudit()
+    summary = bench_cases.audit_cache(cache, 2, 21)
+    assert cache.audited_with == [21, 21] and summary["rounds"] == 21 and summary["slower_in_every_audit"] == 1
+    assert cache.options == {"repetitions": 7, "warmup": 3}  # the tuning's own, put back
+    default = bench_cases.audit_cache(cache, 1, None)
+    assert cache.audited_with[2:] == [7] and default["rounds"] == 7 and cache.options["repetitions"] == 7
+
+    class Failing(TuningOptionsAndAudit):
+        def audit(self):
+            raise RuntimeError("out of memory while auditing")
+
+    failing = Failing()
+    with pytest.raises(RuntimeError, match="while auditing"):
+        bench_cases.audit_cache(failing, 1, 15)
+    assert failing.options["repetitions"] == 7  # put back on failure too
+
+    lines = bench_report.audit_table([{"workload": "seed", "mode": "cache_cold", "audit": dict(summary, seconds=1.0)}])
+    assert any(line.endswith("| 1.0 s | 21 |") for line in lines)
+    args = bench.parse_args(["--audit", "--audit-rounds", "21"])
+    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).audit_rounds == 21
+    assert bench.parse_args(["--audit"]).audit_rounds is None
+    assert "--audit-rounds" not in bench.case_command("seed:cache_cold", bench.parse_args(["--audit"]), None)
+    for wrong in (["--audit-rounds", "21"], ["--audit", "--audit-rounds", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(wrong)
+
+
+@pytest.mark.gpu
+def test_audit_rounds_on_the_gpu(tmp_path):
+    # The seed model tuned, then audited in 21 rounds per key: the rounds reach cudnn_cache.audit and the report.
+    done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--audit", "--audit-rounds",
+                      "21", "--quick", "--steps", "20", "--warmup", "1", "--output-dir", tmp_path, "--json",
+                      tmp_path / "raw.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]
+    assert cold["audit"]["keys"] == 6 and cold["audit"]["rounds"] == 21
+    assert any(line.rstrip().endswith("| 21 |") for line in section((tmp_path / "bench.md").read_text(),
+                                                                    "Per-key audit").splitlines())
+
+
 @pytest.mark.gpu
 def test_audits_repeated_on_the_gpu_report_each_audits_verdicts(tmp_path):
     # The seed model tuned, then audited twice in its cache_cold process by cudnn_cache.audit on the GPU.
