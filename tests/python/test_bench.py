@@ -723,35 +723,35 @@ def test_audit_rounds_are_set_for_the_audits_alone():
             bench.parse_args(wrong)
 
 
-@pytest.mark.gpu
-def test_audit_rounds_on_the_gpu(tmp_path):
-    # The seed model tuned, then audited in 21 rounds per key: the rounds reach cudnn_cache.audit and the report.
-    done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--audit", "--audit-rounds",
-                      "21", "--quick", "--steps", "20", "--warmup", "1", "--output-dir", tmp_path, "--json",
+def audited_seed_model(tmp_path, *audit_arguments):
+    """The seed model tuned in a cache_cold case on the GPU, then audited there with `audit_arguments`: its
+    audit summary and the report (markdown)."""
+    done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--audit", *audit_arguments,
+                      "--quick", "--steps", "20", "--warmup", "1", "--output-dir", tmp_path, "--json",
                       tmp_path / "raw.json")
     assert done.returncode == 0, done.stdout + done.stderr
     (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]
-    assert cold["audit"]["keys"] == 6 and cold["audit"]["rounds"] == 21
-    assert any(line.rstrip().endswith("| 21 |") for line in section((tmp_path / "bench.md").read_text(),
-                                                                    "Per-key audit").splitlines())
+    return cold["audit"], (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.gpu
+def test_audit_rounds_on_the_gpu(tmp_path):
+    # Audited in 21 rounds per key: the rounds reach cudnn_cache.audit and the report.
+    audit, markdown = audited_seed_model(tmp_path, "--audit-rounds", "21")
+    assert audit["keys"] == 6 and audit["rounds"] == 21
+    assert any(line.rstrip().endswith("| 21 |") for line in section(markdown, "Per-key audit").splitlines())
 
 
 @pytest.mark.gpu
 def test_audits_repeated_on_the_gpu_report_each_audits_verdicts(tmp_path):
-    # The seed model tuned, then audited twice in its cache_cold process by cudnn_cache.audit on the GPU.
-    done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--audit", "--audit-repeats",
-                      "2", "--quick", "--steps", "20", "--warmup", "1", "--output-dir", tmp_path, "--json",
-                      tmp_path / "raw.json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]
-    audit = cold["audit"]
+    # Audited twice in its cache_cold process by cudnn_cache.audit on the GPU.
+    audit, markdown = audited_seed_model(tmp_path, "--audit-repeats", "2")
     assert audit["keys"] == 6 and len(audit["rows"]) == 6  # two convolutions, three directions each
     assert audit["audit_repeats"] == 2 and len(audit["slower_per_audit"]) == 2
     assert audit["slower_per_audit"][0] == audit["slower_than_native"]
     assert audit["slower_in_every_audit"] == len(audit["slower_in_every_audit_keys"]) <= min(audit["slower_per_audit"])
     assert set(audit["slower_in_every_audit_keys"]) <= {f"{row['direction']} {row['key']}" for row in audit["rows"]
                                                          if row["slower_than_native"]}
-    markdown = (tmp_path / "bench.md").read_text()
     assert "every one of 2 audits" in markdown and ", in all " in section(markdown, "Per-key audit")
 
 
