@@ -393,7 +393,7 @@ def audit_repeatedly(audit: Callable[[], List[dict]], repeats: int) -> dict:
     summaries = [summarize_audit(audit()) for _ in range(max(repeats, 1))]
     first = summaries[0]
     if len(summaries) > 1:
-        flagged = [{f"{row['direction']} {row['key']}" for row in s.get("rows", []) if row["slower_than_native"]}
+        flagged = [{f"{row['direction']} {row['key']}" for row in s["rows"] if row["slower_than_native"]}
                    for s in summaries]
         in_every = set.intersection(*flagged)
         first.update(audit_repeats=len(summaries), slower_per_audit=[len(keys) for keys in flagged],
@@ -406,13 +406,13 @@ def audit_cache(cache, repeats: int, rounds: Optional[int]) -> dict:
     option `repetitions`, which the audit's rounds follow, is set for the audits alone and put back after), else
     in the tuning's; the summary records how many (rounds)."""
     before = cache.tuning_options()["repetitions"]
-    if rounds is not None:
-        cache.set_tuning_options(repetitions=rounds)
+    rounds = before if rounds is None else rounds
+    cache.set_tuning_options(repetitions=rounds)
     try:
         summary = audit_repeatedly(cache.audit, repeats)
     finally:
         cache.set_tuning_options(repetitions=before)
-    summary["rounds"] = before if rounds is None else rounds
+    summary["rounds"] = rounds
     return summary
 
 
