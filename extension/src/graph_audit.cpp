@@ -28,7 +28,8 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   float benchmark_sample = std::numeric_limits<float>::infinity();
   std::set<std::string> names;
   // PyTorch's two modes over the same list: benchmark=False runs the first plan that builds and runs;
-  // benchmark=True times the first cudnn.benchmark_limit (10) that build, once each after one warm-up run.
+  // benchmark=True times the first cudnn.benchmark_limit (10) that build, once each after one warm-up run, from an
+  // idle stream and without flushing L2 (Note [Timing the whole call]).
   const std::int64_t count = graph->get_execution_plan_count();
   for (std::int64_t index = 0; index < count && static_cast<int>(names.size()) < options.max_candidates; ++index) {
     std::string name;

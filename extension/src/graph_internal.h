@@ -76,28 +76,29 @@ struct Timing {
   // took more than probe_ratio x give_up_ms and more than probe_floor_ms.
   float probe_ratio = 2.0f;
   float probe_floor_ms = 0.5f;
-  // Each timed run starts on an idle stream (Note [Paired rounds time the whole call]).
-  bool from_idle = false;
 };
 
-// Note [Paired rounds time the whole call]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A search's first pass times GPU time only: the L2 flush before each run is still running while the host
-// prepares and launches the plan's kernels, so the start event hides that host work. Configs of one key differ
-// in it (a split or runtime-compiled config launches more kernels, or does more before its first), and where a
-// key's kernels take a few microseconds, that is what a step pays: on an H200 (2026-12-05) a 16 -> 16 3x3
-// convolution, batch 8, trained under intercept with the search's choices took +14.2 us per iteration over
-// native heuristics, and +5.7 us with heuristics' first config stored for every key (the same path; native's
-// kernels), so the choices' kernels, faster on the GPU, cost more on the wall clock. The paired rounds that
-// decide between a challenger and native's picks (the search's and the audit's) therefore drain the stream
-// before each timed run: the start event is recorded on an idle GPU, and the time is the call as a step that
-// waits for it sees it: the host's part (preparing, launching, any gap between kernels) and the GPU's. A
-// challenger leads only where it is faster that way; on a GPU-bound key the host's part is about the same for
-// every config and the comparison is the GPU's, as before.
+// Note [Timing the whole call]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every timed run starts on an idle stream: time_plan drains it (after the L2 flush, when there is one) and then
+// records the start event, so the time is the call as a step that waits for it sees it, the host's part
+// (preparing, launching, any gap between kernels) and the GPU's. That is how native benchmark mode times its
+// candidates (cudnn-frontend's time_sorted_plan: a warm-up run, the device synchronized, then start event, run,
+// stop event), and a search's first pass stands for that pick (Note [Never slower than native's pick]), so it
+// must measure the same thing; the paired rounds that decide between a challenger and native's picks, the
+// search's and the audit's, measure it too.
+// Configs of one key differ in their host part (a split or runtime-compiled config launches more kernels, or
+// does more before its first), and where a key's kernels take a few microseconds that is what a step pays: on an
+// H200 (2026-12-05) a 16 -> 16 3x3 convolution, batch 8, trained under intercept with the search's choices took
+// +14.2 us per iteration over native heuristics, and +5.7 us with heuristics' first config stored for every key,
+// when no run was timed from idle. A first pass that timed GPU time only (the flush still running while
+// the host launched the plan, so the start event hid the host's part) ranked configs by another measure than
+// native's: on RegNetY-400MF's squeeze-excitation backward-data keys (fp32, 1x1 spatial, H100 2026-12-06) the
+// search stored heuristics' engine 63 in every run, with engine 74, native benchmark mode's pick and 8-15% faster
+// from idle in every audit, ranked behind it; timed from idle, it stored engine 74 in six runs of six. On a
+// GPU-bound key the host's part is about the same for every config and the comparison is the GPU's.
 inline Timing round_timing(int round, int warmup, const L2Flush& flush) {
-  Timing timing{round == 0 ? warmup : 0, 1, &flush};
-  timing.from_idle = true;
-  return timing;
+  return Timing{round == 0 ? warmup : 0, 1, &flush};
 }
 
 // Times of one built plan's runs after the warm-up, per Note [Engine configs]; empty if it failed to run.

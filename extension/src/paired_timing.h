@@ -19,8 +19,8 @@
 // first. So a stored choice is not slower than native's by chance, and near-ties between a challenger and
 // native resolve to native's pick in every run and on every rank. Configs that were not in the rounds (slower in
 // the first pass) have no paired evidence either, and go behind the reference too.
-// Each round times a call from an idle stream, the host's part with the GPU's (Note [Paired rounds time the
-// whole call] in graph_internal.h): a challenger must be faster the way a step sees it.
+// Each round, as the first pass, times a call from an idle stream, the host's part with the GPU's (Note [Timing
+// the whole call] in graph_internal.h): a challenger must be faster the way a step sees it.
 //
 // Benchmark mode's pick is itself a draw: it times each of its ten once, so of configs within each other's noise
 // it runs whichever was luckier in that process. The first pass's fastest of the ten stands for it, but another
