@@ -492,6 +492,7 @@ class EngineSearch {
   EngineSearch(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                const WorkspaceAllocator& allocate, const GraphSearchOptions& options)
       : handle_(handle),
+        key_(key),
         allocate_(allocate),
         options_(options),
         graph_(heuristic_graph(handle, key, options.deterministic)),
@@ -625,7 +626,16 @@ class EngineSearch {
         times[f].push_back(run.front());
       }
     }
-    settle_against_native(configs_, finalists[native_reference(times, heuristic, benchmark)], finalists, times);
+    const std::size_t reference = native_reference(times, heuristic, benchmark);
+    if (Runtime::instance().logs(LogLevel::debug)) {
+      std::vector<EngineCandidate> timed;
+      for (std::size_t i : finalists) timed.push_back(configs_[i]);
+      Runtime::instance().log(LogLevel::debug,
+                              detail::concat("search rounds: ",
+                                             describe_rounds(timed, times, heuristic, benchmark, reference), "; for ",
+                                             key_));
+    }
+    settle_against_native(configs_, finalists[reference], finalists, times);
     if (deterministic) {
       settle_deterministic(configs_,
                            native_reference(times, position(deterministic_picks_->first),
@@ -658,6 +668,7 @@ class EngineSearch {
   }
 
   cudnnHandle_t handle_;
+  const ConvolutionKey& key_;
   const WorkspaceAllocator& allocate_;
   GraphSearchOptions options_;
   std::shared_ptr<Graph> graph_;

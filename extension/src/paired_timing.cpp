@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iomanip>
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include "cudnn_cache/error.h"
@@ -83,6 +85,39 @@ std::size_t native_reference(const std::vector<std::vector<float>>& rounds, std:
                       heuristic, " and ", benchmark, " of ", rounds.size(), " finalists");
   if (benchmark == heuristic || rounds[benchmark].empty()) return heuristic;
   return graph_internal::median(round_ratios(rounds, benchmark, heuristic)) < 1.0f ? benchmark : heuristic;
+}
+
+std::string describe_rounds(const std::vector<EngineCandidate>& finalists,
+                            const std::vector<std::vector<float>>& rounds, std::size_t heuristic,
+                            std::size_t benchmark, std::size_t reference) {
+  CUDNN_CACHE_REQUIRE(finalists.size() == rounds.size() && reference < rounds.size() && heuristic < rounds.size() &&
+                          benchmark < rounds.size(),
+                      "describe_rounds: ", finalists.size(), " finalists for ", rounds.size(),
+                      " rounds, native's picks at ", heuristic, " and ", benchmark, ", the reference at ", reference);
+  const auto us = [](float ms) {
+    std::ostringstream out;
+    out << std::fixed << std::setprecision(2) << ms * 1000.0f << " us";
+    return out.str();
+  };
+  const auto role = [&](std::size_t f) -> std::string {
+    if (f == heuristic && f == benchmark) return " (native's pick in both modes)";
+    if (f == heuristic) return " (heuristics' pick)";
+    if (f == benchmark) return " (benchmark mode's pick)";
+    return "";
+  };
+  std::ostringstream out;
+  out << rounds[reference].size() << " paired rounds of " << finalists.size() << " configs; the reference "
+      << to_string(finalists[reference]) << role(reference) << ", " << us(graph_internal::median(rounds[reference]));
+  for (std::size_t f = 0; f < finalists.size(); ++f) {
+    if (f == reference || rounds[f].empty()) continue;
+    const std::vector<float> to_reference = round_ratios(rounds, f, reference);
+    const auto faster = std::count_if(to_reference.begin(), to_reference.end(), [](float r) { return r < 1.0f; });
+    out << "; " << to_string(finalists[f]) << role(f) << ": first pass " << us(finalists[f].time_ms) << ", rounds "
+        << us(graph_internal::median(rounds[f])) << ", x" << std::setprecision(3) << std::fixed
+        << graph_internal::median(to_reference) << " of the reference, faster in " << faster << " of "
+        << to_reference.size() << (median_below_one(to_reference) ? ", shown faster" : "");
+  }
+  return out.str();
 }
 
 bool challenger_undecided(const std::vector<std::vector<float>>& rounds, std::size_t native) {

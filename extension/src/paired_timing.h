@@ -73,6 +73,7 @@
 // [Never slower than native's pick]: stable choices). The bench's rounds do the same (bench_cases.in_turn).
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "cudnn_cache/graph.h"
@@ -104,6 +105,15 @@ std::size_t native_reference(const std::vector<std::vector<float>>& rounds, std:
 // finalist at `native` (the reference; positions in rounds) is below 1, yet the sign test does not show it
 // faster. rounds[f][r] is finalist f's time in round r.
 bool challenger_undecided(const std::vector<std::vector<float>>& rounds, std::size_t native);
+
+// What a search's rounds measured, for its debug log (CUDNN_CACHE_LOG=debug): the rounds, the reference, and per
+// other finalist its config, first-pass time, median in the rounds, median ratio to the reference, the rounds in
+// which it was faster than the reference, and whether the sign test shows it faster. `finalists` holds the
+// finalists' configs with their first-pass times, rounds[f][r] finalist f's time in round r; `heuristic` and
+// `benchmark` are native's picks and `reference` the faster of them (native_reference), positions in rounds.
+std::string describe_rounds(const std::vector<EngineCandidate>& finalists,
+                            const std::vector<std::vector<float>>& rounds, std::size_t heuristic,
+                            std::size_t benchmark, std::size_t reference);
 
 // Sets the times of `configs` from the rounds in which the configs at `finalists` (positions in configs, one
 // of them `native`, the reference; a lower position was timed earlier by the search) were timed together:

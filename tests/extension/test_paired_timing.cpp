@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -292,4 +293,34 @@ TEST_CASE("each round times its configs in a fresh order, the same in every run"
     }
   }
   CHECK(followed.size() == count * (count - 1));  // nor a neighbour: each follows every other
+}
+
+// What the debug log says of a search's rounds: enough to see, per key, why the stored config leads.
+TEST_CASE("the rounds' description names the reference and, per challenger, its times, ratio and wins",
+          "[paired_timing]") {
+  // Heuristics' engine 63 (first pass 8 us), benchmark mode's engine 74 (first pass 9 us), and a challenger,
+  // engine 20; seven rounds.
+  const std::vector<EngineCandidate> finalists{config(63, 0.008f), config(74, 0.009f), config(20, 0.0095f)};
+  const std::vector<std::vector<float>> rounds{
+      std::vector<float>(7, 0.010f),                                     // heuristics' pick: 10 us every round
+      std::vector<float>(7, 0.009f),                                     // benchmark mode's: 9 us, the faster
+      {0.0085f, 0.0085f, 0.0085f, 0.0095f, 0.0085f, 0.0085f, 0.0085f}};  // faster than 9 us in 6 of 7
+  const std::size_t reference = native_reference(rounds, 0, 1);
+  REQUIRE(reference == 1);
+  const std::string text = describe_rounds(finalists, rounds, 0, 1, reference);
+  CHECK(text.rfind("7 paired rounds of 3 configs; the reference engine 74 (benchmark mode's pick), 9.00 us", 0) == 0);
+  CHECK(text.find("; engine 63 (heuristics' pick): first pass 8.00 us, rounds 10.00 us, x1.111 of the reference, "
+                  "faster in 0 of 7") != std::string::npos);
+  // Faster in 6 rounds of 7: the sign test needs all 7, so not shown faster.
+  CHECK(text.find("; engine 20: first pass 9.50 us, rounds 8.50 us, x0.944 of the reference, faster in 6 of 7") !=
+        std::string::npos);
+  CHECK(text.find("shown faster") == std::string::npos);
+  // One config both modes pick, and a challenger faster in every round.
+  const std::vector<std::vector<float>> decided{std::vector<float>(7, 0.010f), std::vector<float>(7, 0.008f)};
+  const std::string shown = describe_rounds({config(63, 0.008f), config(20, 0.007f)}, decided, 0, 0, 0);
+  CHECK(shown.rfind("7 paired rounds of 2 configs; the reference engine 63 (native's pick in both modes), 10.00 us",
+                    0) == 0);
+  CHECK(shown.find("engine 20: first pass 7.00 us, rounds 8.00 us, x0.800 of the reference, faster in 7 of 7, "
+                   "shown faster") != std::string::npos);
+  CHECK_THROWS(describe_rounds(finalists, decided, 0, 1, 1));  // rounds that do not match the finalists
 }

@@ -977,6 +977,11 @@ def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
     # Note [Mode B ahead]: mode B's query ran on a thread of its own (a query takes milliseconds).
     query_ms = int(profiles[0].split("mode B's query took ")[1].split(" ms on its thread")[0])
     assert query_ms > 0, profiles
+    # What its paired rounds measured: the reference, and per other finalist its times, ratio and wins.
+    rounds = [line for line in lines if line.startswith("cudnn_cache [debug] search rounds: ")]
+    assert len(rounds) == 1, lines
+    assert all(part in rounds[0] for part in (" paired rounds of ", " configs; the reference engine ", ": first pass ",
+                                              " of the reference, faster in ", "; for forward: x float")), rounds
 
 
 REACH_SCRIPT = r"""
