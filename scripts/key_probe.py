@@ -106,7 +106,8 @@ def probe(cache, tune: Callable[[], None], key: tuple, args: argparse.Namespace)
     """args.tunings tunings of the convolution (`tune` fills the cache), each audited args.audit_repeats times;
     `cache` is the cudnn_cache module (or a stand-in with its clear, set_tuning_options, tuning_options, query
     and audit)."""
-    before = cache.tuning_options()
+    changed = {"repetitions", *args.tuning}  # what the probe sets, put back afterwards
+    before = {name: value for name, value in cache.tuning_options().items() if name in changed}
     tunings = []
     try:
         for _ in range(args.tunings):

@@ -99,6 +99,15 @@ def test_each_tuning_starts_from_a_fresh_cache_and_each_audit_is_judged_as_the_b
                          "config slower than native; 1 of 2 tunings slower in every audit")
 
 
+def test_the_tunings_take_their_own_repetitions_and_the_audits_theirs():
+    cache = StandIn(["engine 20"], [100.0])
+    args = key_probe.parse(GROUPED + ["--tunings", "1", "--audit-repeats", "1", "--tuning", "repetitions=9"])
+    key_probe.probe(cache, cache.tune, (1,), args)
+    assert [call[1]["repetitions"] for call in cache.calls if call[0] == "tune"] == [9]
+    assert [call for call in cache.calls if call[0] == "audit"] == [("audit", 21)]
+    assert cache.options == {"repetitions": 7, "exhaustive": False}
+
+
 def test_options_are_put_back_when_a_tuning_fails():
     cache = StandIn([], [])
     args = key_probe.parse(GROUPED + ["--tuning", "exhaustive=1"])
