@@ -2,6 +2,7 @@
 the training case of a workload in one mode, the host-overhead micro case, and the per-key audit after
 cache_cold. Each prints its result as one JSON line; scripts/bench_report.py turns them into the reports."""
 
+import argparse
 import dataclasses
 import json
 import math
@@ -43,6 +44,67 @@ def tuning_arguments(items: List[str], error: Callable[[str], None]) -> Dict[str
             continue
         tuning[name] = bool(number) if name in TUNING_FLAGS else number
     return tuning
+
+
+CONVOLUTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def sizes(text: str) -> Tuple[int, ...]:
+    """'64,208,14,14' -> (64, 208, 14, 14), for argparse."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers (e.g. 64,208,14,14)") from None
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes are not negative")
+    return values
+
+
+def add_convolution_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of the scripts that take one convolution (compare_kernels.py, key_probe.py); check them with
+    check_convolution, make its operands with convolution_operands."""
+    parser.add_argument("--input", type=sizes, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
+    parser.add_argument("--weight", type=sizes, required=True,
+                        help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
+    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        parser.add_argument(f"--{name}", type=sizes, help=f"one value per spatial dimension, or one for all (default "
+                                                          f"{default})")
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--dtype", choices=sorted(CONVOLUTION_DTYPES), default="float32")
+    parser.add_argument("--channels-last", action="store_true", help="input and weight in channels_last")
+
+
+def check_convolution(args: argparse.Namespace, error: Callable[[str], None]) -> None:
+    """add_convolution_arguments' values checked against each other, before any GPU time is spent (`error` is
+    argparse's parser.error); stride, padding and dilation get one value per spatial dimension."""
+    spatial = len(args.input) - 2
+    if spatial < 1 or len(args.weight) != len(args.input):
+        error(f"--input {args.input} and --weight {args.weight}: both N,C and at least one spatial size, "
+              "of the same length")
+    if args.groups < 1 or args.input[1] % args.groups or args.weight[0] % args.groups or \
+            args.weight[1] * args.groups != args.input[1]:
+        error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
+              f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
+    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        value = getattr(args, name)
+        if value is None:
+            setattr(args, name, (default,) * spatial)
+        elif len(value) == 1:
+            setattr(args, name, value * spatial)
+        elif len(value) != spatial:
+            error(f"--{name} {value}: one value per spatial dimension ({spatial}), or one for all")
+    if args.channels_last and len(args.input) not in (4, 5):
+        error(f"--channels-last: a 2-D or 3-D convolution's layout, not one of --input {args.input}")
+
+
+def convolution_operands(args: argparse.Namespace, device: str = "cuda") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Random input and weight of the checked convolution (check_convolution), channels_last where asked."""
+    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}[len(args.input)] if args.channels_last \
+        else torch.contiguous_format
+    options = {"device": device, "dtype": CONVOLUTION_DTYPES[args.dtype]}
+    return tuple(torch.randn(shape, **options).contiguous(memory_format=memory_format)
+                 for shape in (args.input, args.weight))
 
 
 @dataclasses.dataclass(frozen=True)

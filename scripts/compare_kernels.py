@@ -20,11 +20,9 @@ from typing import Dict, List
 import torch
 import torch.nn.functional as F
 
+from bench_cases import add_convolution_arguments, check_convolution, convolution_operands
+
 CALLS = 20
-
-
-def sizes(text: str) -> List[int]:
-    return [int(part) for part in text.split(",")]
 
 
 def kernels(call, calls: int = CALLS) -> List[Dict]:
@@ -46,27 +44,16 @@ def kernels(call, calls: int = CALLS) -> List[Dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", type=sizes, required=True, help="N,C,H,W (or N,C,L / N,C,D,H,W)")
-    parser.add_argument("--weight", type=sizes, required=True, help="K,C/groups,R,S")
-    parser.add_argument("--stride", type=int, default=1)
-    parser.add_argument("--padding", type=int, default=0)
-    parser.add_argument("--dilation", type=int, default=1)
-    parser.add_argument("--groups", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--channels-last", action="store_true")
+    add_convolution_arguments(parser)
     parser.add_argument("--output", help="write the JSON report here too")
     args = parser.parse_args(argv)
+    check_convolution(args, parser.error)
     if not torch.cuda.is_available():
         print("compare_kernels: no CUDA GPU is visible; this compares cuDNN kernels and needs one", file=sys.stderr)
         return 2
     import cudnn_cache
 
-    dtype = getattr(torch, args.dtype)
-    x = torch.randn(args.input, device="cuda", dtype=dtype)
-    w = torch.randn(args.weight, device="cuda", dtype=dtype)
-    if args.channels_last:
-        memory_format = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-        x, w = x.contiguous(memory_format=memory_format), w.contiguous(memory_format=memory_format)
+    x, w = convolution_operands(args)
     x.requires_grad_()
     w.requires_grad_()
     conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]

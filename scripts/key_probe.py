@@ -21,39 +21,20 @@ import collections
 import json
 import sys
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, List
 
 import torch
 
-from bench_cases import summarize_audit, tuning_arguments
+from bench_cases import (add_convolution_arguments, check_convolution, convolution_operands, summarize_audit,
+                         tuning_arguments)
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def ints(text: str) -> Tuple[int, ...]:
-    """'64,208,14,14' -> (64, 208, 14, 14), for argparse."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers (e.g. 64,208,14,14)") from None
-    if any(value < 0 for value in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes are not negative")
-    return values
 
 
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    result.add_argument("--input", type=ints, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
-    result.add_argument("--weight", type=ints, required=True, help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
-    result.add_argument("--stride", type=ints, help="default: 1 per spatial dimension")
-    result.add_argument("--padding", type=ints, help="default: 0 per spatial dimension")
-    result.add_argument("--dilation", type=ints, help="default: 1 per spatial dimension")
-    result.add_argument("--groups", type=int, default=1)
-    result.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    result.add_argument("--channels-last", action="store_true", help="input and weight in channels_last")
+    add_convolution_arguments(result)
     result.add_argument("--direction", choices=DIRECTIONS, required=True, help="whose ranking and audit to report")
     result.add_argument("--tunings", type=int, default=3, help="fresh tunings, each audited (default 3)")
     result.add_argument("--audit-repeats", type=int, default=2, help="audits per tuning (default 2)")
@@ -69,22 +50,7 @@ def parse(argv: List[str]) -> argparse.Namespace:
     """The arguments, checked: the convolution's shapes must agree before any GPU time is spent."""
     command = parser()
     args = command.parse_args(argv)
-    spatial = len(args.input) - 2
-    if spatial < 1 or len(args.weight) != len(args.input):
-        command.error(f"--input {args.input} and --weight {args.weight}: both N,C and at least one spatial size, "
-                      "of the same length")
-    if args.groups < 1 or args.input[1] % args.groups or args.weight[0] % args.groups or \
-            args.weight[1] * args.groups != args.input[1]:
-        command.error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
-                      f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
-    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
-        value = getattr(args, name)
-        if value is None:
-            setattr(args, name, (default,) * spatial)
-        elif len(value) != spatial:
-            command.error(f"--{name} {value}: one value per spatial dimension ({spatial})")
-    if args.channels_last and len(args.input) not in (4, 5):
-        command.error(f"--channels-last: a 2-D or 3-D convolution's layout, not one of --input {args.input}")
+    check_convolution(args, command.error)
     for name in ("tunings", "audit_repeats", "audit_rounds", "top"):
         if getattr(args, name) < 1:
             command.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -164,11 +130,7 @@ def main(argv: List[str]) -> int:
         return 2
     import cudnn_cache
 
-    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}[len(args.input)] if args.channels_last \
-        else torch.contiguous_format
-    options = {"device": "cuda", "dtype": DTYPES[args.dtype]}
-    x = torch.randn(args.input, **options).contiguous(memory_format=memory_format)
-    w = torch.randn(args.weight, **options).contiguous(memory_format=memory_format)
+    x, w = convolution_operands(args)
     conv = (list(args.stride), list(args.padding), list(args.dilation), args.groups)
     key = cudnn_cache.conv_key(args.direction, x, w, *conv)
     result = probe(cudnn_cache, lambda: cudnn_cache.fill(x, w, *conv), key, args)

@@ -526,6 +526,14 @@ def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
     assert done.returncode == 2 and "no CUDA GPU" in done.stderr
 
 
+def test_compare_kernels_refuses_a_convolution_that_cannot_be_before_looking_for_a_gpu():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "1,3,8,8",
+                           "--weight", "4,3,3,3", "--groups", "2"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 2
+    assert "--groups 2: the input's 3 channels must be groups x the weight's 3" in done.stderr
+
+
 @pytest.mark.parametrize("arguments", [[], ["--keys", "0"], ["--keys", "4", "--processes", "5"]])
 def test_build_scaling_refuses_bad_arguments_and_runs_only_on_a_gpu(arguments):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_scaling.py"), *arguments],

@@ -23,6 +23,7 @@ def test_the_convolution_gets_one_default_per_spatial_dimension_and_typed_tuning
     assert args.tuning == {"exhaustive": True, "repetitions": 9}
     assert key_probe.parse(["--input", "2,4,8,8,8", "--weight", "8,4,3,3,3", "--direction", "forward"]).stride == \
         (1, 1, 1)
+    assert key_probe.parse(GROUPED + ["--stride", "2"]).stride == (2, 2)  # one value for every dimension
 
 
 @pytest.mark.parametrize("change, message", [
