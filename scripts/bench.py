@@ -111,15 +111,18 @@ MIN_STEPS_QUICK = 20  # in a --quick run; torch.profiler covers as many
 
 def run_subprocess(command: List[str], timeout: float) -> dict:
     """Runs one case's command; returns the JSON object of its last '{' stdout line, or {'error': text} when it
-    fails, times out or prints none. Adds process_s (the process's wall time) either way."""
+    fails, times out or prints none. Adds process_s (the process's wall time) either way. The case's stderr (a
+    CUDNN_CACHE_LOG log, warnings) goes on to this process's stderr once it ends, however it ends."""
     started = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
         stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr
+        sys.stderr.write(stderr or "")
         return {"error": f"timed out after {timeout:g} s\n{(stderr or '')[-2000:]}".strip(),
                 "process_s": time.perf_counter() - started}
     elapsed = time.perf_counter() - started
+    sys.stderr.write(done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         text = (done.stderr.strip() or done.stdout.strip() or "no output")[-2000:]

@@ -343,10 +343,12 @@ def test_derived_columns_without_native_cases(tmp_path):
     assert all(t["workload"] != "overhead" for t in report["targets"])
 
 
-def test_run_subprocess_parses_success_and_records_failures():
+def test_run_subprocess_parses_success_and_records_failures(capsys):
     python = sys.executable
-    ok = bench.run_subprocess([python, "-c", "print('noise'); print('{\"first_s\": 1.5}')"], timeout=60)
+    ok = bench.run_subprocess([python, "-c", "import sys; print('noise'); sys.stderr.write('a case log line\\n'); "
+                               "print('{\"first_s\": 1.5}')"], timeout=60)
     assert ok["first_s"] == 1.5 and ok["process_s"] > 0
+    assert capsys.readouterr().err == "a case log line\n"  # a case's log (CUDNN_CACHE_LOG) is passed on, not lost
     failed = bench.run_subprocess([python, "-c", "import sys; sys.exit('boom: no such key')"], timeout=60)
     assert failed["error"].startswith("exit code 1:") and "boom: no such key" in failed["error"]
     silent = bench.run_subprocess([python, "-c", "pass"], timeout=60)
