@@ -269,7 +269,8 @@ def parse_args(argv=None):
                              "re-measures its rows without paying for the other's process (native benchmark mode "
                              "tunes for up to a minute in its own); --combine joins the runs")
     parser.add_argument("--audit", action="store_true",
-                        help="after cache_cold, time every tuned key against native's choices (cudnn_cache.audit)")
+                        help="in cache_cold, after its timed steps and before its profiled ones, time every tuned key "
+                             "against native's choices (cudnn_cache.audit)")
     parser.add_argument("--audit-repeats", type=int, default=1, metavar="N",
                         help="with --audit, audit N times in the cache_cold process: the report counts the keys "
                              "every audit found slower too (default 1)")
@@ -297,7 +298,9 @@ def parse_args(argv=None):
                              "with their range (default 1)")
     parser.add_argument("--profile-first", action="store_true",
                         help="profile each training case's first step with torch.profiler (which slows it): the "
-                             "operators and CUDA calls that take its host time, in the JSON as first_step_profile")
+                             "operators and CUDA calls that take its host time, in the JSON as first_step_profile. "
+                             "The profiler may stay attached to the process afterwards, so the rest of such a run "
+                             "(tuning, steps, audit) is measured under it (Note [Profiling last], bench_cases.py)")
     parser.add_argument("--prepare-in-background", action="store_true",
                         help="the modes that load cache_cold's file start prepare(background=True) and go on to "
                              "the first step at once, which builds what the background has not built yet; prepare "

@@ -366,12 +366,8 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
         result["second_s"] = timed(step, device)
     for _ in range(args.warmup - 1):
         step()
-    steps = [timed(step, device) for _ in range(args.steps)]
-    result["steps_ms"] = [1e3 * s for s in steps]
-    result["wall_ms"] = median_interval(result["steps_ms"])
-    result["steady_ms"] = result["wall_ms"]["median"]  # the name earlier reports gave it
-    result["gpu_steps_ms"], result["top_kernels"] = gpu_time_per_step(step, device, args.steps)
-    result["gpu_ms"] = None if result["gpu_steps_ms"] is None else median_interval(result["gpu_steps_ms"])
+    audited = cache if mode_name == "cache_cold" and args.audit and device.type == "cuda" else None
+    result.update(steady_figures(step, device, args, audited))
     if mode.tunes:
         result["tuning_estimate_s"] = result["first_s"] - result["steady_ms"] / 1e3
     if cache is not None:
@@ -382,15 +378,43 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
             started = time.perf_counter()
             cache.save(args.cache_file)
             result["save_s"] = time.perf_counter() - started
-            if args.audit and device.type == "cuda":
-                started = time.perf_counter()
-                result["audit"] = audit_cache(cache, args.audit_repeats, args.audit_rounds)
-                result["audit"]["seconds"] = time.perf_counter() - started
         if mode_name in LOADS_COLD_FILE:
             result["plans_deserialized"] = stats.get("plans_deserialized")
             result["warm_start_s"] = (result["import_s"] + (result["load_s"] or 0.0) + (result["prepare_s"] or 0.0)
                                       + result["first_s"])
     return result
+
+
+# Note [Profiling last]
+# ~~~~~~~~~~~~~~~~~~~~~
+# torch.profiler's CUDA activity attaches CUPTI to the process, and Kineto may leave it attached when the session
+# ends: it calls cuptiFinalize only where TEARDOWN_CUPTI=1 (pytorch/pytorch#144455: a program stays 10-20%
+# slower after profiling; kineto#1539 proposes tearing down by default). While CUPTI is attached every kernel
+# launch pays its callbacks on the host, so whatever a process measures after a profiled step it measures in a
+# process unlike a user's, and not alike for every engine config: one that launches a kernel per group and a
+# memset pays many times what one that launches a single kernel pays. So a training case times its wall steps,
+# then audits (cache_cold, --audit), and profiles its GPU time per step last. A first step profiled with
+# --profile-first attaches CUPTI before everything else, tuning included: that run's figures are a profile's.
+# (The thirtieth's RegNetY audits, PERFORMANCE.md, ran after the profiled steps; engine configs that were faster
+# or tied when their key was timed alone were slower in them.)
+
+
+def steady_figures(step: Callable[[], None], device: torch.device, args, audited=None) -> dict:
+    """A training case's steady figures, taken in the order of Note [Profiling last]: args.steps synchronized
+    steps (steps_ms, wall_ms and steady_ms, its median), then, where `audited` is the cudnn_cache module, its
+    audit (audit_cache, with the seconds it took), then the GPU time of args.steps more steps under torch.profiler
+    (gpu_steps_ms, gpu_ms, top_kernels)."""
+    figures: Dict[str, object] = {}
+    figures["steps_ms"] = [1e3 * timed(step, device) for _ in range(args.steps)]
+    figures["wall_ms"] = median_interval(figures["steps_ms"])
+    figures["steady_ms"] = figures["wall_ms"]["median"]  # the name earlier reports gave it
+    if audited is not None:
+        started = time.perf_counter()
+        figures["audit"] = audit_cache(audited, args.audit_repeats, args.audit_rounds)
+        figures["audit"]["seconds"] = time.perf_counter() - started
+    figures["gpu_steps_ms"], figures["top_kernels"] = gpu_time_per_step(step, device, args.steps)
+    figures["gpu_ms"] = None if figures["gpu_steps_ms"] is None else median_interval(figures["gpu_steps_ms"])
+    return figures
 
 
 TOP_KERNELS = 25  # kept per case in the JSON, with calls and time per step

@@ -367,7 +367,8 @@ def audit_table(cases: List[dict]) -> List[str]:
     audited = [c for c in cases if c.get("audit", {}).get("keys")]
     if not audited:
         return []
-    lines = ["", "## Per-key audit", "", "cudnn_cache.audit() after cache_cold: every tuned key's stored engine "
+    lines = ["", "## Per-key audit", "", "cudnn_cache.audit() in cache_cold's process, after its timed steps "
+             "and before its profiled ones (Note [Profiling last]): every tuned key's stored engine "
              "config against the configs native benchmark=False (first that runs, in heuristic order) and "
              "benchmark=True (fastest of 10, one timing each) would run, all three then timed the same way: warmed "
              "up, L2 flushed, interleaved rounds in a fresh order each, median; the stored config twice: its time "

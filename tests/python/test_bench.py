@@ -936,3 +936,26 @@ def test_gpu_time_per_step_sums_each_steps_kernels(monkeypatch):
     assert kernels == [{"name": "gemm", "calls": 2.0, "us": 400.0}, {"name": "relu", "calls": 1.0,
                                                                       "us": pytest.approx(400.0 / 3)}]
     assert bench_cases.gpu_time_per_step(lambda: None, torch.device("cpu"), 3) == (None, None)
+
+
+def test_a_training_case_times_its_steps_and_audits_before_anything_is_profiled(monkeypatch):
+    # Note [Profiling last]: a profiler session may leave CUPTI attached, so nothing is measured after one.
+    import argparse
+
+    import torch
+
+    order = []
+    monkeypatch.setattr(bench_cases, "timed", lambda step, device: order.append("step") or 0.01)
+    monkeypatch.setattr(bench_cases, "audit_cache",
+                        lambda cache, repeats, rounds: order.append(("audit", cache, repeats, rounds)) or {"keys": 1})
+    monkeypatch.setattr(bench_cases, "gpu_time_per_step",
+                        lambda step, device, steps: order.append("profile") or ([2.0] * steps, [{"name": "gemm"}]))
+    args = argparse.Namespace(steps=8, audit_repeats=2, audit_rounds=21)
+    figures = bench_cases.steady_figures(lambda: None, torch.device("cuda"), args, audited="the cache")
+    assert order == ["step"] * 8 + [("audit", "the cache", 2, 21), "profile"]
+    assert figures["steps_ms"] == pytest.approx([10.0] * 8) and figures["steady_ms"] == pytest.approx(10.0)
+    assert figures["audit"]["keys"] == 1 and figures["audit"]["seconds"] >= 0
+    assert figures["gpu_ms"]["median"] == 2.0 and figures["top_kernels"] == [{"name": "gemm"}]
+    order.clear()
+    unaudited = bench_cases.steady_figures(lambda: None, torch.device("cuda"), args)
+    assert order == ["step"] * 8 + ["profile"] and "audit" not in unaudited
