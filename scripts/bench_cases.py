@@ -367,17 +367,19 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     for _ in range(args.warmup - 1):
         step()
     audited = cache if mode_name == "cache_cold" and args.audit and device.type == "cuda" else None
-    result.update(steady_figures(step, device, args, audited))
+    try:
+        result.update(steady_figures(step, device, args, audited))
+    finally:  # the warm cases load this file: it is written even where the audit or the profiler fails
+        if mode_name == "cache_cold":
+            started = time.perf_counter()
+            cache.save(args.cache_file)
+            result["save_s"] = time.perf_counter() - started
     if mode.tunes:
         result["tuning_estimate_s"] = result["first_s"] - result["steady_ms"] / 1e3
     if cache is not None:
         result["stats"] = stats = cache.stats()
         result["tune_s"] = microseconds_as_seconds(stats, "tune_us")
         result["plan_build_s"] = microseconds_as_seconds(stats, "plan_build_us")
-        if mode_name == "cache_cold":
-            started = time.perf_counter()
-            cache.save(args.cache_file)
-            result["save_s"] = time.perf_counter() - started
         if mode_name in LOADS_COLD_FILE:
             result["plans_deserialized"] = stats.get("plans_deserialized")
             result["warm_start_s"] = (result["import_s"] + (result["load_s"] or 0.0) + (result["prepare_s"] or 0.0)

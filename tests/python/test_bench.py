@@ -959,3 +959,25 @@ def test_a_training_case_times_its_steps_and_audits_before_anything_is_profiled(
     order.clear()
     unaudited = bench_cases.steady_figures(lambda: None, torch.device("cuda"), args)
     assert order == ["step"] * 8 + ["profile"] and "audit" not in unaudited
+
+
+def test_cache_cold_saves_its_file_even_where_its_steady_figures_fail(tmp_path):
+    # The audit now runs before the save's old place (Note [Profiling last]); the warm cases still get the file.
+    cache_file = tmp_path / "seed.cache"
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "scripts")!r})
+import bench, bench_cases
+def failing(*args, **kwargs):
+    raise RuntimeError("the audit failed")
+bench_cases.steady_figures = failing
+args = bench.parse_args(["--case", "seed:cache_cold", "--device", "cpu", "--cache-file", {str(cache_file)!r},
+                         "--quick", "--steps", "20", "--warmup", "1"])
+try:
+    bench_cases.run_training_case("seed", "cache_cold", args)
+except RuntimeError as error:
+    print("raised:", error)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "raised: the audit failed" in done.stdout, done.stdout + done.stderr
+    assert cache_file.exists()
