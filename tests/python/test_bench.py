@@ -536,6 +536,25 @@ def test_compare_kernels_refuses_a_convolution_that_cannot_be_before_looking_for
     assert "--groups 2: the input's 3 channels must be groups x the weight's 3" in done.stderr
 
 
+@pytest.mark.gpu
+def test_compare_kernels_on_the_gpu_lists_each_modes_kernels_and_audits_the_cache(child_env, tmp_path):
+    # It tunes and audits before its first profiler session (Note [Profiling last] in bench_cases.py).
+    output = tmp_path / "kernels.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "8,16,10,10",
+                           "--weight", "16,16,3,3", "--padding", "1", "--output", str(output)], env=child_env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(output.read_text())
+    assert list(report["modes"]) == ["native_heuristic", "native_benchmark", "cudnn_cache"]
+    for runs in report["modes"].values():
+        for rows in (runs["forward"], runs["forward_backward"]):
+            assert rows and all(row["us"] > 0 and row["launches"] > 0 for row in rows)
+        assert sum(row["us"] for row in runs["forward_backward"]) > sum(row["us"] for row in runs["forward"])
+    assert sorted(row["direction"] for row in report["audit"]) == ["backward_data", "backward_filter", "forward"]
+    assert all(row["stored_ms"] > 0 and row["heuristic_ms"] > 0 and row["benchmark_ms"] > 0 for row in report["audit"])
+    assert "cudnn_cache forward_backward:" in done.stdout and "audit forward: stored" in done.stdout
+
+
 @pytest.mark.parametrize("arguments", [[], ["--keys", "0"], ["--keys", "4", "--processes", "5"]])
 def test_build_scaling_refuses_bad_arguments_and_runs_only_on_a_gpu(arguments):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_scaling.py"), *arguments],
