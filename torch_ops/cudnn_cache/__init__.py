@@ -314,7 +314,9 @@ def audit(device: Optional[int] = None) -> List[Dict[str, Any]]:
     cache's choice), 'heuristic' (cudnn.benchmark=False) and 'benchmark' (cudnn.benchmark=True, PyTorch's
     single timing) the engine config (`*_engine`) and its time (`*_ms`); a native pick that is the stored
     config shares its time. 'stored_again_ms' times the stored config once more, in the same rounds: the gap
-    between the two is how finely the audit resolves this key."""
+    between the two is how finely the audit resolves this key. Each run is timed from an idle stream, host
+    launch included, so audit before any torch.profiler session of the process: the profiler may leave CUPTI
+    attached, which slows every launch and most the configs that launch several kernels (docs/TROUBLESHOOTING.md)."""
     return [dict(row) for row in _ops.audit(device)]
 
 
