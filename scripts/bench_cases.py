@@ -47,6 +47,8 @@ def tuning_arguments(items: List[str], error: Callable[[str], None]) -> Dict[str
 
 
 CONVOLUTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The per-spatial-dimension arguments of one convolution and the value each takes when not given.
+CONVOLUTION_DEFAULTS = (("stride", 1), ("padding", 0), ("dilation", 1))
 
 
 def sizes(text: str) -> Tuple[int, ...]:
@@ -67,7 +69,7 @@ def add_convolution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", type=sizes, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
     parser.add_argument("--weight", type=sizes, required=True,
                         help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
-    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+    for name, default in CONVOLUTION_DEFAULTS:
         parser.add_argument(f"--{name}", type=sizes, help=f"one value per spatial dimension, or one for all (default "
                                                           f"{default})")
     parser.add_argument("--groups", type=int, default=1)
@@ -86,7 +88,7 @@ def check_convolution(args: argparse.Namespace, error: Callable[[str], None]) ->
             args.weight[1] * args.groups != args.input[1]:
         error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
               f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
-    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+    for name, default in CONVOLUTION_DEFAULTS:
         value = getattr(args, name)
         if value is None:
             setattr(args, name, (default,) * spatial)
