@@ -219,6 +219,22 @@ TEST_CASE("PerfCache insert, find, merge, erase and clear", "[perf_cache]") {
     CHECK(*found == merge(first, second));
     CHECK(algorithms(*found) == std::vector<int>{2, 1, 0});
   }
+  SECTION("replacing stores the ranking as given, unmerged, and moves the version on") {
+    const auto held = cache.find(key);
+    const std::uint64_t version = cache.version();
+    const auto settled = FwdRanking::of({ok(2, 2.5f), ok(1, 2.6f)});  // 1 was faster in the old ranking
+    cache.replace(key, settled);
+    CHECK(*cache.find(key) == settled);
+    CHECK(algorithms(*cache.find(key)) == std::vector<int>{2, 1});
+    CHECK(cache.version() != version);
+    CHECK(*held == first);  // a ranking found before stays as it was
+    cache.replace(other, first);  // a key it did not hold: stored
+    CHECK(cache.size() == 2);
+    CHECK_THAT(error_of([&] { cache.replace(key, FwdRanking()); }), Contains("empty ranking"));
+    CHECK_THAT(error_of([&] { cache.replace(conv_key(Direction::backward_data), first); }),
+               Contains("forward cache cannot hold a key of direction backward_data"));
+    CHECK(*cache.find(key) == settled);
+  }
   SECTION("a ranking found stays as it was while the key is merged, erased or cleared") {
     const auto held = cache.find(key);
     cache.insert(key, FwdRanking::of({ok(2, 0.5f)}));

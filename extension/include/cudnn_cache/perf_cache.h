@@ -347,17 +347,12 @@ class PerfCache {
 
   // Stores the ranking under the key, merged with what the key already holds; what the key borrowed is
   // forgotten. Throws Error if the key belongs to another direction or the ranking is empty.
-  void insert(const ConvolutionKey& key, Ranking<Traits> ranking) {
-    CUDNN_CACHE_REQUIRE(key.direction == static_cast<std::int32_t>(Traits::direction), "the ",
-                        to_string(Traits::direction), " cache cannot hold a key of direction ",
-                        to_string(static_cast<Direction>(key.direction)), " (", key, ")");
-    CUDNN_CACHE_REQUIRE(!ranking.empty(), "cannot cache an empty ranking for ", key);
-    std::unique_lock lock(mutex_);
-    Shared& slot = rankings_[key];
-    slot = std::make_shared<const Ranking<Traits>>(slot ? merge(*slot, ranking) : std::move(ranking));
-    lent_.erase(key);
-    changed();
-  }
+  void insert(const ConvolutionKey& key, Ranking<Traits> ranking) { store(key, std::move(ranking), true); }
+
+  // Stores the ranking under the key in place of what the key holds, unmerged: a ranking settled again from
+  // its own (Note [Settling in steady state] in paired_timing.h), whose times a merge would undo. A lookup sees
+  // the old ranking or the new one, never a miss. Throws Error as insert does.
+  void replace(const ConvolutionKey& key, Ranking<Traits> ranking) { store(key, std::move(ranking), false); }
 
   // The key nearest to `key` among those of its family the cache holds, and its ranking; a null ranking when
   // it holds none (Note [Nearest key]). Never `key` itself: call it on a miss.
@@ -433,6 +428,19 @@ class PerfCache {
   }
 
  private:
+  // insert (merging) and replace (not).
+  void store(const ConvolutionKey& key, Ranking<Traits> ranking, bool merging) {
+    CUDNN_CACHE_REQUIRE(key.direction == static_cast<std::int32_t>(Traits::direction), "the ",
+                        to_string(Traits::direction), " cache cannot hold a key of direction ",
+                        to_string(static_cast<Direction>(key.direction)), " (", key, ")");
+    CUDNN_CACHE_REQUIRE(!ranking.empty(), "cannot cache an empty ranking for ", key);
+    std::unique_lock lock(mutex_);
+    Shared& slot = rankings_[key];
+    slot = std::make_shared<const Ranking<Traits>>(slot && merging ? merge(*slot, ranking) : std::move(ranking));
+    lent_.erase(key);
+    changed();
+  }
+
   // A new version, under the exclusive lock, after the change it marks.
   void changed() { version_.store(next_cache_version(), std::memory_order_release); }
 
