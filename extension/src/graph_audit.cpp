@@ -98,11 +98,23 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   }
   for (auto [choice, at] : {std::pair{&audit.stored, stored_at}, std::pair{&audit.heuristic, heuristic_at},
                             std::pair{&audit.benchmark, benchmark_at}}) {
-    choice->time_ms = median(contenders[at].times);
+    choice->round_ms = contenders[at].times;
+    choice->time_ms = median(choice->round_ms);
     choice->config.time_ms = choice->time_ms;
   }
   audit.stored_again_ms = median(contenders[again_at].times);
   return audit;
+}
+
+SettledChoice settle_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                                   const WorkspaceAllocator& allocate, const std::vector<EngineCandidate>& ranked,
+                                   GraphSearchOptions options) {
+  CUDNN_CACHE_REQUIRE(!ranked.empty(), "settle: no stored config for ", key);
+  options.repetitions = 3 * std::max(options.repetitions, 1);
+  SettledChoice settled;
+  settled.audit = audit_engine_choice(handle, key, buffers, allocate, ranked.front(), options);
+  settled.configs = settle_by_audit(ranked, settled.audit);
+  return settled;
 }
 
 }  // namespace cudnn_cache

@@ -180,6 +180,33 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
   }
 }
 
+std::vector<EngineCandidate> settle_by_audit(std::vector<EngineCandidate> configs, const ChoiceAudit& audit) {
+  CUDNN_CACHE_REQUIRE(!configs.empty() && !audit.stored.round_ms.empty(), "settle_by_audit: ", configs.size(),
+                      " configs, ", audit.stored.round_ms.size(), " rounds of the stored one");
+  std::vector<std::size_t> finalists{0};  // positions in configs: first the stored config, the ranking's first
+  std::vector<std::vector<float>> rounds{audit.stored.round_ms};
+  // The position in finalists of a native pick: the stored config's where it is that config.
+  const auto finalist = [&](const ChoiceAudit::Choice& choice) -> std::size_t {
+    if (choice.config.same_choice(audit.stored.config)) return 0;
+    auto config = std::find_if(configs.begin(), configs.end(),
+                               [&](const EngineCandidate& c) { return c.same_choice(choice.config); });
+    if (config == configs.end()) config = configs.insert(configs.end(), choice.config);
+    const std::size_t at = static_cast<std::size_t>(config - configs.begin());
+    const auto known = std::find(finalists.begin(), finalists.end(), at);
+    if (known != finalists.end()) return static_cast<std::size_t>(known - finalists.begin());
+    CUDNN_CACHE_REQUIRE(choice.round_ms.size() == audit.stored.round_ms.size(), "settle_by_audit: ",
+                        to_string(choice.config), " has ", choice.round_ms.size(), " rounds, the stored config ",
+                        audit.stored.round_ms.size());
+    finalists.push_back(at);
+    rounds.push_back(choice.round_ms);
+    return finalists.size() - 1;
+  };
+  const std::size_t heuristic = finalist(audit.heuristic), benchmark = finalist(audit.benchmark);
+  if (finalists.size() == 1) return configs;  // the stored config is native's pick in both modes
+  settle_against_native(configs, finalists[native_reference(rounds, heuristic, benchmark)], finalists, rounds);
+  return configs;
+}
+
 void settle_deterministic(std::vector<EngineCandidate>& configs, std::size_t reference,
                           const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds) {
   CUDNN_CACHE_REQUIRE(finalists.size() == rounds.size() && reference < rounds.size(), "settle_deterministic: ",

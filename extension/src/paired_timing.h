@@ -121,6 +121,29 @@ std::string describe_rounds(const std::vector<EngineCandidate>& finalists,
 void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t native,
                            const std::vector<std::size_t>& finalists, const std::vector<std::vector<float>>& rounds);
 
+// Note [Settling in steady state]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A search decides inside the step that missed: the process is busy tuning (builder processes and threads
+// compiling other candidates, the host's caches full of the search's graphs), and its rounds time a call, host
+// part included (Note [Timing the whole call]), under that load. Where a key's kernels take a few microseconds the
+// load is most of what the rounds see: on exhaustive RegNetY-400MF (fp32, H100, 2026-12-06) the search's rounds
+// put the squeeze-excitation keys' configs at 18-23 us where the audit, run after the tuning step, timed the same
+// configs at 12-15 us, and in three cold runs 1 to 3 keys' stored choices (each native's own pick in the search's
+// rounds) were 2.6-6.5% slower than the other native pick in both of the process's audits. Those are the rounds'
+// verdicts under load, not the configs' in a step.
+// settle (cudnn_cache.settle, run by scripts/warm_start.py --exhaustive after its tuning steps) decides such keys
+// again where the audit measures: each entry's stored config and native's two picks are timed by
+// audit_engine_choice, in paired rounds in a fresh order, and settle_by_audit applies the search's own rule to
+// those rounds (settle_against_native: the faster of native's picks is the reference, and the stored config stays
+// first only where the rounds show it faster than that). A key whose stored config is native's pick in both modes
+// has nothing to settle. The ranking's other configs keep the search's times, except that none stays before the
+// reference (one float step behind it, as in the search).
+
+// The configs of a key's ranking (best first) settled by an audit of its first config (Note [Settling in steady
+// state]): the audit's contenders are the finalists, with the audit's rounds; a native pick the ranking lacks
+// joins it. The configs come back with settled times, to be ranked again (Ranking::of).
+std::vector<EngineCandidate> settle_by_audit(std::vector<EngineCandidate> configs, const ChoiceAudit& audit);
+
 // After settle_against_native: moves every deterministic config ranked before the finalist at `reference`
 // (positions in rounds; a deterministic config, native's deterministic reference) one float step behind it,
 // unless it is a finalist the rounds show faster than that one. See the Note.

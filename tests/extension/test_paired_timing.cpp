@@ -226,6 +226,82 @@ TEST_CASE("settling refuses rounds that do not match the finalists", "[paired_ti
 
 namespace {
 
+// An audit's choice: the config and its time in each round (the median is the audit's time).
+ChoiceAudit::Choice audited(std::int64_t engine, std::vector<float> rounds) {
+  ChoiceAudit::Choice choice;
+  choice.config = config(engine, 0.0f);
+  choice.round_ms = std::move(rounds);
+  std::vector<float> sorted = choice.round_ms;
+  std::sort(sorted.begin(), sorted.end());
+  choice.time_ms = choice.config.time_ms = sorted[sorted.size() / 2];
+  return choice;
+}
+
+ChoiceAudit audit_of(ChoiceAudit::Choice stored, ChoiceAudit::Choice heuristic, ChoiceAudit::Choice benchmark) {
+  ChoiceAudit audit;
+  audit.stored = std::move(stored);
+  audit.heuristic = std::move(heuristic);
+  audit.benchmark = std::move(benchmark);
+  return audit;
+}
+
+const std::vector<float> kSteady{0.012f, 0.0121f, 0.0119f, 0.012f, 0.0122f, 0.012f, 0.0121f};
+
+std::vector<float> times(const std::vector<float>& rounds, float ratio) {
+  std::vector<float> scaled;
+  for (float ms : rounds) scaled.push_back(ms * ratio);
+  return scaled;
+}
+
+}  // namespace
+
+TEST_CASE("settling by an audit lets native's faster pick lead a stored config the audit's rounds do not show faster",
+          "[paired_timing][settle]") {
+  // RegNetY's 52 -> 440 SE forward key (H100, 2026-12-06): the search stored benchmark mode's pick (engine 28) at
+  // 15.4 us under the tuning step's load; in steady state heuristics' pick (engine 58) was 6% faster.
+  const std::vector<EngineCandidate> ranking{config(28, 0.0154f), config(70, 0.0161f), config(58, 0.0173f)};
+  const ChoiceAudit audit =
+      audit_of(audited(28, times(kSteady, 1.065f)), audited(58, kSteady), audited(70, times(kSteady, 1.14f)));
+  const std::vector<EngineCandidate> settled = settle_by_audit(ranking, audit);
+  REQUIRE(settled.size() == 3);
+  CHECK(ranked_engines(settled) == std::vector<std::int64_t>{58, 28, 70});
+  CHECK(settled[2].time_ms == audit.heuristic.time_ms);  // the reference: its median in the audit's rounds
+  CHECK(settled[0].time_ms > settled[2].time_ms);        // the stored config: behind it
+  // A stored config the rounds show faster than the faster native pick stays first, at that pick's time x its
+  // median ratio to it.
+  const ChoiceAudit faster =
+      audit_of(audited(28, times(kSteady, 0.9f)), audited(58, kSteady), audited(70, times(kSteady, 1.14f)));
+  const std::vector<EngineCandidate> kept = settle_by_audit(ranking, faster);
+  CHECK(ranked_engines(kept) == std::vector<std::int64_t>{28, 58, 70});
+  CHECK(kept[0].time_ms == Approx(faster.heuristic.time_ms * 0.9f).epsilon(1e-5));
+  // Within the noise of the faster native pick (faster in the median, not in enough rounds): that pick leads.
+  std::vector<float> close = times(kSteady, 0.99f);
+  close[1] = close[4] = 0.0125f;
+  const ChoiceAudit near = audit_of(audited(28, close), audited(58, kSteady), audited(70, times(kSteady, 1.14f)));
+  CHECK(ranked_engines(settle_by_audit(ranking, near)).front() == 58);
+}
+
+TEST_CASE("settling by an audit: a native pick the ranking lacks joins it, and native's own pick stays",
+          "[paired_timing][settle]") {
+  const std::vector<EngineCandidate> ranking{config(58, 0.014f), config(70, 0.015f)};
+  // Benchmark mode's pick in the audit, engine 63, is not in the ranking and is faster in every round.
+  const ChoiceAudit missing =
+      audit_of(audited(58, kSteady), audited(58, kSteady), audited(63, times(kSteady, 0.95f)));
+  const std::vector<EngineCandidate> joined = settle_by_audit(ranking, missing);
+  REQUIRE(joined.size() == 3);
+  CHECK(ranked_engines(joined) == std::vector<std::int64_t>{63, 58, 70});
+  // The stored config is native's pick in both modes: nothing to settle, the ranking comes back as it was.
+  const ChoiceAudit native = audit_of(audited(58, kSteady), audited(58, kSteady), audited(58, kSteady));
+  CHECK(settle_by_audit(ranking, native) == ranking);
+  // Rounds that do not match are an error, not a guess.
+  const ChoiceAudit short_rounds =
+      audit_of(audited(58, kSteady), audited(70, {0.01f, 0.01f}), audited(70, {0.01f, 0.01f}));
+  CHECK_THROWS_WITH(settle_by_audit(ranking, short_rounds), Catch::Contains("has 2 rounds, the stored config 7"));
+  CHECK_THROWS_WITH(settle_by_audit({}, native), Catch::Contains("settle_by_audit: 0 configs"));
+}
+
+namespace {
+
 EngineCandidate deterministic_config(std::int64_t engine, float time_ms) {
   EngineCandidate candidate = config(engine, time_ms);
   candidate.numerical_notes = 0;

@@ -1230,6 +1230,44 @@ TEST_CASE("audit times the stored config against the configs both native modes p
   }
 }
 
+TEST_CASE("settling puts native's faster pick before a stored config that is slower in steady state",
+          "[gpu][graph][audit][settle]") {
+  // Note [Settling in steady state]: a search under load may store a config that is slower where the audit
+  // measures. Here the slowest config an exhaustive search kept stands first, as such a misjudged choice.
+  Handle handle;
+  for (const Problem& problem : {problems()[0], problems()[1]}) {
+    INFO(problem.name);
+    std::mt19937 random(16);
+    Operands operands(problem.key, random);
+    GraphSearchOptions options;
+    options.exhaustive = true;
+    const std::vector<EngineCandidate> ranked =
+        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options);
+    REQUIRE(ranked.size() >= 2);
+    const EngineCandidate slowest = ranked.back();
+    INFO("the fastest " << to_string(ranked.front()) << ", the slowest " << to_string(slowest));
+    REQUIRE(slowest.time_ms > 1.3f * ranked.front().time_ms);
+    std::vector<EngineCandidate> misjudged{slowest};
+    misjudged.front().time_ms = 0.0f;
+    misjudged.insert(misjudged.end(), ranked.begin(), ranked.end() - 1);
+    const SettledChoice settled = settle_engine_choice(handle.handle, problem.key, operands.buffers(), allocate,
+                                                       misjudged, GraphSearchOptions{});
+    CHECK(settled.audit.stored.config.same_choice(slowest));
+    CHECK(settled.audit.stored.round_ms.size() == 3 * static_cast<std::size_t>(GraphSearchOptions{}.repetitions));
+    const auto now = Ranking<GraphForwardTraits>::of(settled.configs.begin(), settled.configs.end());
+    INFO("settled first: " << to_string(now.front()) << "; native's picks " << to_string(settled.audit.heuristic.config)
+                           << " and " << to_string(settled.audit.benchmark.config));
+    CHECK((now.front().same_choice(settled.audit.heuristic.config) ||
+           now.front().same_choice(settled.audit.benchmark.config)));
+    CHECK_FALSE(now.front().same_choice(slowest));
+    // The settled first config runs and computes what the legacy API does.
+    const GraphPlan plan(handle.handle, problem.key, now.front());
+    auto workspace = plan.workspace_bytes() > 0 ? allocate(plan.workspace_bytes()) : Workspace();
+    plan.execute(handle.handle, operands.buffers(), workspace.data());
+    check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
+  }
+}
+
 int main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -145,7 +145,8 @@ class GraphPlan {
 struct ChoiceAudit {
   struct Choice {
     EngineCandidate config;  // its time_ms is the audit's
-    float time_ms = 0.0f;
+    float time_ms = 0.0f;     // the median of round_ms
+    std::vector<float> round_ms;  // its time in each round, in the order of the rounds
   };
   Choice stored;     // the cache's choice
   Choice heuristic;  // native cudnn.benchmark=False: the first config in heuristic order that runs
@@ -163,6 +164,21 @@ struct ChoiceAudit {
 ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                 const WorkspaceAllocator& allocate, const EngineCandidate& stored,
                                 const GraphSearchOptions& options = {});
+
+// What settle_engine_choice did for a key: the audit it took, and the key's configs with their settled times.
+struct SettledChoice {
+  ChoiceAudit audit;
+  std::vector<EngineCandidate> configs;  // rank them again (Ranking::of): the first is the key's choice now
+};
+
+// Decides a key's choice again in steady state (Note [Settling in steady state] in paired_timing.h): audits
+// `ranked`'s first config (a key's ranking, best first) with 3 x options.repetitions rounds, as many as a
+// search's rounds take where they cannot decide, and keeps it first only where those rounds show it faster than
+// the faster of native's two picks; else that pick leads. The direction's output buffer is overwritten. Throws
+// Error as audit_engine_choice does.
+SettledChoice settle_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                                   const WorkspaceAllocator& allocate, const std::vector<EngineCandidate>& ranked,
+                                   GraphSearchOptions options = {});
 
 // Checks, without a GPU, that cudnn-frontend accepts the key as a graph. Returns "" or what it rejected.
 std::string check_graph(const ConvolutionKey& key);
