@@ -675,10 +675,12 @@ def test_the_package_gives_searches_its_tool_for_builder_processes():
     torch.ops.cudnn_cache.set_plan_builder(tool)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers audit")
-def test_audit_without_a_gpu_says_so():
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers audit and settle")
+def test_audit_and_settle_without_a_gpu_say_so():
     with pytest.raises(RuntimeError, match="audit: no CUDA device"):
         cudnn_cache.audit()
+    with pytest.raises(RuntimeError, match="settle: no CUDA device"):
+        cudnn_cache.settle()
 
 
 def test_waiting_for_a_prepare_never_started_says_so():

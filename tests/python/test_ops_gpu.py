@@ -728,6 +728,37 @@ def test_audit_times_every_entry_against_the_native_choices():
         cudnn_cache.audit(device=99)
 
 
+def test_settle_decides_every_entry_again_and_the_file_keeps_what_it_settled(tmp_path):
+    x, w = randn(8, 32, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last), randn(
+        64, 32, 3, 3, dtype=torch.bfloat16, memory_format=torch.channels_last)
+    x.requires_grad_()
+    w.requires_grad_()
+    cudnn_cache.functional.conv2d(x, w, padding=1).sum().backward()
+    key = {direction: cudnn_cache.conv_key(direction, x, w, [1, 1], [1, 1], [1, 1], 1)
+           for direction in ("forward", "backward_data", "backward_filter")}
+    before = {direction: cudnn_cache.query(direction, key[direction])[0]["engine"] for direction in key}
+    rows = cudnn_cache.settle()
+    assert sorted(row["direction"] for row in rows) == ["backward_data", "backward_filter", "forward"]
+    for row in rows:
+        direction = row["direction"]
+        assert row["stored_engine"] == before[direction]
+        assert row["settled_engine"] == cudnn_cache.query(direction, key[direction])[0]["engine"]
+        assert row["changed"] == (row["settled_engine"] != row["stored_engine"])
+        if row["changed"]:  # only native's faster pick takes a stored config's place
+            assert row["settled_engine"] in (row["heuristic_engine"], row["benchmark_engine"])
+        assert row["stored_ms"] > 0 and row["heuristic_ms"] > 0 and row["benchmark_ms"] > 0
+    # What runs now computes what native computes, and the file keeps the settled choices.
+    y = cudnn_cache.functional.conv2d(x, w, padding=1)
+    assert_close_scaled(y, F.conv2d(x, w, padding=1), TOLERANCE[torch.bfloat16], "settled forward")
+    cudnn_cache.save(str(tmp_path / "settled.cache"))
+    cudnn_cache.clear()
+    assert cudnn_cache.load(str(tmp_path / "settled.cache")) == 3
+    for row in rows:
+        assert cudnn_cache.query(row["direction"], key[row["direction"]])[0]["engine"] == row["settled_engine"]
+    with pytest.raises(RuntimeError, match="device 99 does not exist"):
+        cudnn_cache.settle(device=99)
+
+
 @pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.bfloat16, True),
                                                   (torch.float16, True)], ids=["fp32", "bf16_nhwc", "fp16_nhwc"])
 def test_legacy_backend_matches_native(dtype, channels_last):

@@ -59,6 +59,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_tuning_options() -> Dict(str, Any)");
   m.def("set_plan_builder(str path) -> ()");
   m.def("audit(int? device=None) -> Dict(str, Any)[]");
+  m.def("settle(int? device=None) -> Dict(str, Any)[]");
   m.def("set_intercept(bool enabled) -> ()");
   m.def("get_intercept() -> bool");
   m.def("set_log_level(str level) -> ()");

@@ -71,7 +71,7 @@ __all__ = [
     "log_level", "logger", "miss_policy", "persistent", "plan_cache_limit", "prepare", "query", "remote_url",
     "reset_stats", "save", "set_backend", "set_log_level", "set_miss_policy", "set_plan_cache_limit", "set_remote",
     "set_tuning_options",
-    "set_workspace_limit", "size",
+    "set_workspace_limit", "settle", "size",
     "stats", "tuning_options",
 ]
 
@@ -318,6 +318,20 @@ def audit(device: Optional[int] = None) -> List[Dict[str, Any]]:
     launch included, so audit before any torch.profiler session of the process: the profiler may leave CUPTI
     attached, which slows every launch and most the configs that launch several kernels (docs/TROUBLESHOOTING.md)."""
     return [dict(row) for row in _ops.audit(device)]
+
+
+def settle(device: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Decides each graph-API entry of `device` (default: the current CUDA device) again in steady state, where
+    audit() measures: its stored config and native's two picks are timed as audit() times them, in three times
+    the search's rounds, and the stored config stays first only where those rounds show it faster than the
+    faster of native's picks; else that pick leads (Note [Settling in steady state]). Call it after the steps
+    that tuned, before saving: a search decides inside the step that missed, where the tuning's own load is much
+    of what keys of a few microseconds measure. scripts/warm_start.py --exhaustive does. One dict per entry, as
+    audit() returns (stored_* is the choice before), with 'settled_engine' (the entry's first config now) and
+    'changed' (whether that is another config). save() merges an entry with the file's entry for its key by
+    the merge rule (per config, the faster time), which can put another config first again: save settled
+    entries into a file that does not hold their keys yet, or one settled too."""
+    return [dict(row) for row in _ops.settle(device)]
 
 
 class Preparation:
