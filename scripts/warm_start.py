@@ -20,8 +20,9 @@ entries accumulate across runs (and across models).
 --exhaustive times every engine config cuDNN offers for each convolution (heuristics modes A and B and the
 fallback list, and a wider knob neighbourhood: the tuning option exhaustive=True), minutes where the default
 takes seconds, for CI or a one-off tuning job whose file every later run loads. It searches every key of the
-model again, whether or not the file holds it, and the save merges with the file (per key, the faster
-measurement of each candidate wins).
+model again, whether or not the file holds it, then decides every key again in steady state (cudnn_cache.settle:
+each stored choice against native's two picks, timed as cudnn_cache.audit times them), and the save merges with
+the file (per key, the faster measurement of each candidate wins).
 
 --deterministic is for a file that deterministic training (torch.use_deterministic_algorithms, or
 cudnn.deterministic) will load: each search also settles the deterministic configs against native's deterministic
@@ -248,12 +249,24 @@ def warm_start(args, cudnn_cache, rank_device) -> int:
         cudnn_cache.set_miss_policy(policy)
 
     if not distributed:
+        settled = settle(args, cudnn_cache, device)
         written = cudnn_cache.save(args.output)
         stats = cudnn_cache.stats()
-        print(f"warm_start: {written} entries in {args.output} ({stats['tunes']} tuned now, {loaded} loaded); "
+        print(f"warm_start: {written} entries in {args.output} ({stats['tunes']} tuned now, {loaded} loaded{settled}); "
               f"{len(runs)} shape(s) in {time.perf_counter() - started:.1f} s")
         return 0
     return sync_and_save(args, cudnn_cache, device, started)
+
+
+def settle(args, cudnn_cache, device) -> str:
+    """With --exhaustive, after the tuning steps: decides every entry again in steady state
+    (cudnn_cache.settle, Note [Settling in steady state]); returns the words the summary line gains."""
+    if not args.exhaustive:
+        return ""
+    started = time.perf_counter()
+    rows = cudnn_cache.settle(device.index)
+    changed = sum(row["changed"] for row in rows)
+    return f"; {changed} of {len(rows)} settled to another config in {time.perf_counter() - started:.1f} s"
 
 
 def sync_and_save(args, cudnn_cache, device, started) -> int:
@@ -263,8 +276,9 @@ def sync_and_save(args, cudnn_cache, device, started) -> int:
     report = cudnn_cache.distributed.sync()
     torch.cuda.synchronize(device)
     if report.rank == 0:
+        settled = settle(args, cudnn_cache, device)
         written = cudnn_cache.save(args.output)
-        where = f"rank 0 wrote {written} entries to {args.output}"
+        where = f"rank 0 wrote {written} entries to {args.output}{settled}"
     else:
         where = "rank 0 writes the file"
     dist.barrier()

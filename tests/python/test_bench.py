@@ -752,6 +752,39 @@ def test_audit_rounds_are_set_for_the_audits_alone():
             bench.parse_args(wrong)
 
 
+def test_settle_cache_records_the_keys_it_changed():
+    class Settling:
+        def settle(self):
+            return [dict(audit_row(0.030, 0.020, 0.025, "slow"), settled_engine="engine 2", changed=True),
+                    dict(audit_row(0.020, 0.020, 0.020, "kept"), settled_engine="engine 1", changed=False)]
+
+    settled = bench_cases.settle_cache(Settling())
+    assert settled["keys"] == 2 and settled["changed"] == 1 and settled["seconds"] >= 0
+    (change,) = settled["changes"]
+    assert change["key"].endswith("slow") and change["to"] == "engine 2" and change["from"] == "engine 1"
+    line = bench.describe({"workload": "seed", "first_s": 1.0, "wall_ms": {"median": 2.0, "lo": 1.9, "hi": 2.1},
+                           "settle": dict(settled, seconds=0.4)})
+    assert line.endswith("settled 1 of 2 keys to another config in 0.4 s")
+    # --no-settle reaches the case's process (what settling changes is measured against it).
+    args = bench.parse_args(["--tuning", "exhaustive=1", "--no-settle"])
+    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).no_settle
+    assert "--no-settle" not in bench.case_command("seed:cache_cold", bench.parse_args(["--tuning", "exhaustive=1"]),
+                                                   None)
+
+
+@pytest.mark.gpu
+def test_an_exhaustive_cold_case_settles_every_key_on_the_gpu(tmp_path):
+    done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--tuning", "exhaustive=1",
+                      "--quick", "--steps", "5", "--warmup", "1", "--output-dir", tmp_path, "--json",
+                      tmp_path / "raw.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]
+    settle = cold["settle"]
+    assert settle["keys"] == 6 and settle["changed"] == len(settle["changes"]) and settle["seconds"] > 0
+    assert all(change["from"] != change["to"] for change in settle["changes"])
+    assert f"settled {settle['changed']} of 6 keys to another config" in done.stdout + done.stderr
+
+
 def audited_seed_model(tmp_path, *audit_arguments):
     """The seed model tuned in a cache_cold case on the GPU, then audited there with `audit_arguments`: its
     audit summary and the report (markdown)."""

@@ -1,8 +1,9 @@
 """scripts/warm_start.py: its arguments, what it does without a GPU, and on a GPU the exhaustive search it runs
-with --exhaustive (more engine configs timed per key than the default search) and the pending keys it tunes
-with --pending."""
+with --exhaustive (more engine configs timed per key than the default search, every key settled again before
+the save) and the pending keys it tunes with --pending."""
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -97,6 +98,9 @@ def test_exhaustive_times_more_engine_configs_per_key_than_the_default(cache_sta
                                   "--shape", "16,20,20", "--batch-size", "4", "--output", str(tmp_path / name),
                                   *extra], env=child_env, capture_output=True, text=True, timeout=600)
         assert process.returncode == 0, process.stderr[-3000:]
+        # --exhaustive decides every key again in steady state before it saves (cudnn_cache.settle).
+        assert (re.search(r"\d+ of 2 settled to another config in [\d.]+ s", process.stdout) is not None) == \
+            (name == "exhaustive"), process.stdout
     x = torch.randn(4, 16, 20, 20, device="cuda")
     configs = {}
     for name in ("default", "exhaustive"):
