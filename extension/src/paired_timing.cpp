@@ -201,9 +201,10 @@ std::vector<EngineCandidate> settle_by_audit(std::vector<EngineCandidate> config
     rounds.push_back(choice.round_ms);
     return finalists.size() - 1;
   };
-  const std::size_t heuristic = finalist(audit.heuristic), benchmark = finalist(audit.benchmark);
+  finalist(audit.heuristic);
+  finalist(audit.benchmark);
   if (finalists.size() == 1) return configs;  // the stored config is native's pick in both modes
-  settle_against_native(configs, finalists[native_reference(rounds, heuristic, benchmark)], finalists, rounds);
+  settle_against_native(configs, 0, finalists, rounds);  // the stored config is the reference here
   return configs;
 }
 

@@ -765,17 +765,17 @@ def test_settle_cache_records_the_keys_it_changed():
     line = bench.describe({"workload": "seed", "first_s": 1.0, "wall_ms": {"median": 2.0, "lo": 1.9, "hi": 2.1},
                            "settle": dict(settled, seconds=0.4)})
     assert line.endswith("settled 1 of 2 keys to another config in 0.4 s")
-    # --no-settle reaches the case's process (what settling changes is measured against it).
-    args = bench.parse_args(["--tuning", "exhaustive=1", "--no-settle"])
-    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).no_settle
-    assert "--no-settle" not in bench.case_command("seed:cache_cold", bench.parse_args(["--tuning", "exhaustive=1"]),
-                                                   None)
+    # --settle reaches the case's process; without it nothing is settled.
+    args = bench.parse_args(["--tuning", "exhaustive=1", "--settle"])
+    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).settle
+    assert "--settle" not in bench.case_command("seed:cache_cold", bench.parse_args(["--tuning", "exhaustive=1"]),
+                                                None)
 
 
 @pytest.mark.gpu
-def test_an_exhaustive_cold_case_settles_every_key_on_the_gpu(tmp_path):
+def test_a_cold_case_settles_every_key_on_the_gpu(tmp_path):
     done = run_script("--workloads", "seed", "--modes", "cache_cold", "--no-interleaved", "--tuning", "exhaustive=1",
-                      "--quick", "--steps", "5", "--warmup", "1", "--output-dir", tmp_path, "--json",
+                      "--settle", "--quick", "--steps", "20", "--warmup", "1", "--output-dir", tmp_path, "--json",
                       tmp_path / "raw.json")
     assert done.returncode == 0, done.stdout + done.stderr
     (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]

@@ -323,14 +323,15 @@ def audit(device: Optional[int] = None) -> List[Dict[str, Any]]:
 def settle(device: Optional[int] = None) -> List[Dict[str, Any]]:
     """Decides each graph-API entry of `device` (default: the current CUDA device) again in steady state, where
     audit() measures: its stored config and native's two picks are timed as audit() times them, in three times
-    the search's rounds, and the stored config stays first only where those rounds show it faster than the
-    faster of native's picks; else that pick leads (Note [Settling in steady state]). Call it after the steps
-    that tuned, before saving: a search decides inside the step that missed, where the tuning's own load is much
-    of what keys of a few microseconds measure. scripts/warm_start.py --exhaustive does. One dict per entry, as
-    audit() returns (stored_* is the choice before), with 'settled_engine' (the entry's first config now) and
-    'changed' (whether that is another config). save() merges an entry with the file's entry for its key by
-    the merge rule (per config, the faster time), which can put another config first again: save settled
-    entries into a file that does not hold their keys yet, or one settled too."""
+    the search's rounds, and a native pick takes the stored config's place only where those rounds show it
+    faster (Note [Settling in steady state]); a near-tie keeps the stored config. A search decides inside the
+    step that missed, where the tuning's own load is much of what keys of a few microseconds measure; call this
+    after the steps that tuned, before saving (scripts/warm_start.py --settle). One dict per entry, as audit()
+    returns (stored_* is the choice before), with 'settled_engine' (the entry's first config now) and 'changed'
+    (whether that is another config). Like audit(), it times each key alone: a config that ties alone may cost
+    more inside a network (docs/PERFORMANCE.md, thirty-first). save() merges an entry with the file's entry for
+    its key by the merge rule (per config, the faster time), which can put another config first again: save
+    settled entries into a file that does not hold their keys yet, or one settled too."""
     return [dict(row) for row in _ops.settle(device)]
 
 

@@ -173,9 +173,8 @@ struct SettledChoice {
 
 // Decides a key's choice again in steady state (Note [Settling in steady state] in paired_timing.h): audits
 // `ranked`'s first config (a key's ranking, best first) with 3 x options.repetitions rounds, as many as a
-// search's rounds take where they cannot decide, and keeps it first only where those rounds show it faster than
-// the faster of native's two picks; else that pick leads. The direction's output buffer is overwritten. Throws
-// Error as audit_engine_choice does.
+// search's rounds take where they cannot decide, and lets a native pick take its place only where those rounds
+// show that pick faster. The direction's output buffer is overwritten. Throws Error as audit_engine_choice does.
 SettledChoice settle_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                    const WorkspaceAllocator& allocate, const std::vector<EngineCandidate>& ranked,
                                    GraphSearchOptions options = {});

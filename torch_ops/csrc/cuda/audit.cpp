@@ -1,8 +1,8 @@
 // cudnn_cache.audit: each graph-API entry of a device against the engine configs PyTorch's two modes would
 // pick for it, all timed the same way (audit_engine_choice, Note [Engine configs]). It answers "is the cached
 // choice at least as fast as native's, per key", on random operands of the key's shapes. cudnn_cache.settle
-// acts on the answer: it audits each entry with more rounds and lets native's faster pick lead where the rounds
-// do not show the stored config faster (settle_engine_choice).
+// acts on the answer: it audits each entry with more rounds and lets a native pick take the stored config's
+// place where the rounds show that pick faster (settle_engine_choice).
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
