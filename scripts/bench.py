@@ -7,10 +7,8 @@ carries over between them):
     native_benchmark   torch.backends.cudnn.benchmark=True: PyTorch times engines on the first step
     native_heuristic   benchmark=False: cuDNN's heuristics, no timing
     cache_cold         cudnn_cache.convert(model), empty cache, miss policy 'tune': the first step tunes every
-                       convolution (with --tuning exhaustive=1, cudnn_cache.settle() then decides every key again
-                       in steady state, as scripts/warm_start.py --exhaustive does, unless --no-settle: its seconds
-                       and the keys it changed are in the JSON as settle); the cache is then saved to a temporary
-                       file
+                       convolution (with --settle, cudnn_cache.settle() then decides every key again in steady
+                       state, as scripts/warm_start.py --settle does); the cache is then saved to a temporary file
     cache_warm         a fresh process loads that file (timed), converts the model, sets miss policy 'error'
                        (a convolution the file does not cover fails loudly instead of tuning) and builds the
                        execution plans of the loaded entries with cudnn_cache.prepare() (timed) before the
@@ -144,8 +142,8 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         command += ["--audit", "--audit-repeats", str(args.audit_repeats)]
         if args.audit_rounds is not None:
             command += ["--audit-rounds", str(args.audit_rounds)]
-    if args.no_settle:
-        command.append("--no-settle")
+    if args.settle:
+        command.append("--settle")
     if args.profile_first:
         command.append("--profile-first")
     if args.prepare_in_background:
@@ -279,9 +277,10 @@ def parse_args(argv=None):
     parser.add_argument("--audit", action="store_true",
                         help="in cache_cold, after its timed steps and before its profiled ones, time every tuned key "
                              "against native's choices (cudnn_cache.audit)")
-    parser.add_argument("--no-settle", action="store_true",
-                        help="with --tuning exhaustive=1, keep the searches' choices: cache_cold does not call "
-                             "cudnn_cache.settle() after its first step (what settling changes, measured)")
+    parser.add_argument("--settle", action="store_true",
+                        help="in cache_cold, after its first step, decide every key again in steady state "
+                             "(cudnn_cache.settle, as scripts/warm_start.py --settle does): the JSON's settle holds "
+                             "its seconds and the keys it changed")
     parser.add_argument("--audit-repeats", type=int, default=1, metavar="N",
                         help="with --audit, audit N times in the cache_cold process: the report counts the keys "
                              "every audit found slower too (default 1)")
@@ -363,7 +362,7 @@ def main(argv=None) -> int:
         return run_case(args)
     settings = {"workloads": args.workloads, "modes": args.modes, "backend": args.backend, "quick": args.quick,
                 "audit": args.audit, "audit_repeats": args.audit_repeats, "audit_rounds": args.audit_rounds,
-                "settle": bool(args.tuning.get("exhaustive")) and not args.no_settle,
+                "settle": args.settle,
                 "interleaved": args.interleaved,
                 "interleaved_against": args.interleaved_against, "tuning": args.tuning,
                 "prepare_in_background": args.prepare_in_background,

@@ -364,8 +364,8 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
         result["first_s"] = timed(step, device)
     if preparation is not None:
         result["prepared_plans"] = preparation.wait()
-    if mode_name == "cache_cold" and device.type == "cuda" and args.tuning.get("exhaustive") and not args.no_settle:
-        result["settle"] = settle_cache(cache)  # as scripts/warm_start.py --exhaustive does after its steps
+    if mode_name == "cache_cold" and device.type == "cuda" and args.settle:
+        result["settle"] = settle_cache(cache)  # as scripts/warm_start.py --settle does after its steps
     if args.warmup > 0:  # the first warm-up step, timed alone: what only the first step pays is first_s - second_s
         result["second_s"] = timed(step, device)
     for _ in range(args.warmup - 1):
@@ -494,7 +494,7 @@ def audit_repeatedly(audit: Callable[[], List[dict]], repeats: int) -> dict:
 
 
 def settle_cache(cache) -> dict:
-    """cudnn_cache.settle() (Note [Settling in steady state]) after an exhaustive tuning step: the seconds it
+    """cudnn_cache.settle() (Note [Settling in steady state]) after the tuning step: the seconds it
     took, the keys it decided again, and those whose first config it changed, each with its direction, key and
     the engine configs before and after."""
     started = time.perf_counter()

@@ -11,7 +11,7 @@ entries accumulate across runs (and across models).
     python3 scripts/warm_start.py --torchscript model.pt --shape 3,32,32 --batch-size 7 --output model.cache
     torchrun --nproc-per-node 8 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 \\
         --output resnet50.cache
-    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive \\
+    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive --settle \\
         --output resnet50.cache
     python3 scripts/warm_start.py --pending shapes.cache
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --deterministic \\
@@ -20,9 +20,14 @@ entries accumulate across runs (and across models).
 --exhaustive times every engine config cuDNN offers for each convolution (heuristics modes A and B and the
 fallback list, and a wider knob neighbourhood: the tuning option exhaustive=True), minutes where the default
 takes seconds, for CI or a one-off tuning job whose file every later run loads. It searches every key of the
-model again, whether or not the file holds it, then decides every key again in steady state (cudnn_cache.settle:
-each stored choice against native's two picks, timed as cudnn_cache.audit times them), and the save merges with
-the file (per key, the faster measurement of each candidate wins).
+model again, whether or not the file holds it, and the save merges with the file (per key, the faster
+measurement of each candidate wins).
+
+--settle decides every key again after the tuning steps, before the save (cudnn_cache.settle): each stored
+choice and native's two picks timed as cudnn_cache.audit times them, and a native pick the rounds show faster
+takes the stored choice's place. A search decides inside the step that missed, under the tuning's own load;
+keys of a few microseconds are where that shows (docs/PERFORMANCE.md, thirty-first: not yet measured on a
+network with this rule).
 
 --deterministic is for a file that deterministic training (torch.use_deterministic_algorithms, or
 cudnn.deterministic) will load: each search also settles the deterministic configs against native's deterministic
@@ -88,6 +93,9 @@ def parse_args(argv):
                              "--pending, FILE itself")
     parser.add_argument("--exhaustive", action="store_true",
                         help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
+    parser.add_argument("--settle", action="store_true",
+                        help="after the tuning steps, decide every key again in steady state (cudnn_cache.settle): "
+                             "a native pick the audit's rounds show faster takes the stored config's place")
     parser.add_argument("--deterministic", action="store_true",
                         help="for deterministic training: also settle the deterministic configs of each key against "
                              "native's deterministic picks (longer searches)")
@@ -203,9 +211,10 @@ def tune_pending_keys(args, cudnn_cache, rank_device) -> int:
         cudnn_cache.set_tuning_options(rank_deterministic=True)
     if not distributed:
         tuned = cudnn_cache.tune_pending(device=device.index)
+        settled = settle(args, cudnn_cache, device)
         cudnn_cache.save(args.pending)
-        print(f"warm_start: tuned {tuned} pending keys of {args.pending} in {time.perf_counter() - started:.1f} s; "
-              f"{len(cudnn_cache.distributed.recorded_misses())} still pending (other GPUs' or cuDNNs')")
+        print(f"warm_start: tuned {tuned} pending keys of {args.pending} in {time.perf_counter() - started:.1f} s"
+              f"{settled}; {len(cudnn_cache.distributed.recorded_misses())} still pending (other GPUs' or cuDNNs')")
         return 0
     return sync_and_save(args, cudnn_cache, device, started)
 
@@ -259,9 +268,9 @@ def warm_start(args, cudnn_cache, rank_device) -> int:
 
 
 def settle(args, cudnn_cache, device) -> str:
-    """With --exhaustive, after the tuning steps: decides every entry again in steady state
-    (cudnn_cache.settle, Note [Settling in steady state]); returns the words the summary line gains."""
-    if not args.exhaustive:
+    """With --settle, after the tuning steps: decides every entry again in steady state (cudnn_cache.settle,
+    Note [Settling in steady state]); returns the words the summary line gains."""
+    if not args.settle:
         return ""
     started = time.perf_counter()
     rows = cudnn_cache.settle(device.index)
