@@ -138,8 +138,11 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
 // faster native pick lead unless the rounds showed the stored config faster, and on that RegNetY it changed 19 of
 // 102 keys, among them the grouped 3x3 backward-filter key from engine 23 to engine 20 (the two tie alone, 148-152
 // us), which launches a kernel per group and memsets besides: the step's GPU time rose from 20.6 to 22.5 ms
-// (docs/PERFORMANCE.md, thirty-first). The ranking's other configs keep the search's times, except that none stays
-// before the new first one (one float step behind it, as in the search).
+// (docs/PERFORMANCE.md, thirty-first). Where a native pick takes the first place, the ranking's other configs keep
+// the search's times, except that none stays before it or the stored config (one float step behind, as in the
+// search); a deterministic call runs the ranking's first deterministic config, which that can change where the
+// new first config is deterministic (settle compares with native's non-deterministic picks, as the audit does).
+// Where none does, the key keeps its ranking as the search left it.
 
 // The configs of a key's ranking (best first) settled by an audit of its first config (Note [Settling in steady
 // state]): the audit's contenders are the finalists, with the audit's rounds, the stored config the reference; a

@@ -76,7 +76,7 @@ c10::List<c10::Dict<std::string, c10::IValue>> settle(const std::optional<std::i
     auto entry = row(key, settled.audit);
     entry.insert("settled_engine", to_string(now.front()));
     entry.insert("changed", changed);
-    if (now != ranking) rethrow([&] { cache.replace(key, std::move(now)); });
+    if (changed) rethrow([&] { cache.replace(key, std::move(now)); });  // else the search's times stand
     rows.push_back(std::move(entry));
   });
   return rows;
