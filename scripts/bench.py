@@ -164,6 +164,10 @@ def describe(result: dict) -> str:
     if "ratio_to_native" in result:
         return ", ".join(f"{mode} ÷ native {format_interval(r, '.3f')}" for mode, r in result["ratio_to_native"].items())
     line = f"first step {result['first_s']:.2f} s, steady {format_interval(result['wall_ms'], '.2f', ' ms')}"
+    if result.get("graph_ms") is not None:
+        line += f", GPU {format_interval(result['graph_ms'], '.2f', ' ms')} (graph replay)"
+    elif "graph_error" in result:
+        line += f", not captured in a CUDA graph ({result['graph_error']})"
     if "warm_start_s" in result:
         line += f", warm start {result['warm_start_s']:.2f} s"
     if "settle" in result:

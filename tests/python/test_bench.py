@@ -181,15 +181,15 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
             in start)
     # wall and GPU time side by side as median [lo, hi]; the wall ratio (flagged) next to the GPU ratio
     assert ("| ResNet-50 bf16 channels_last bs64 | cache_warm | 34.38 [34.03, 34.72] ms | 24.06 [23.82, 24.30] ms | "
-            "1.42 | 1.42 loss | 1.24 | 600 / 0 / 0 / 0 / 0 | 100 / 0 / 0 / 0 |") in steady
+            "- | 1.42 | 1.42 loss | 1.24 | - | 600 / 0 / 0 / 0 / 0 | 100 / 0 / 0 / 0 |") in steady
     # A run of an earlier version has no tune_waits or plan_evictions: '-' for them.
     assert "| 600 / 159 / 159 / - / 0 | 159 / 0 / 0 / - |" in steady
     assert ("| MobileNetV2 bf16 channels_last bs64 | native_heuristic | 12.50 [12.38, 12.62] ms | "
-            "10.00 [9.90, 10.10] ms | 1.04 | 1.04 loss | 1.04 | - | - |") in steady
+            "10.00 [9.90, 10.10] ms | - | 1.04 | 1.04 loss | 1.04 | - | - | - |") in steady
     assert ("| MobileNetV2 bf16 channels_last bs64 | cache_warm | 11.25 [11.14, 11.36] ms | 7.87 [7.80, 7.95] ms | "
-            "0.94 | 0.94 | 0.82 |") in steady
+            "- | 0.94 | 0.94 | 0.82 | - |") in steady
     assert ("| 3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2) | cache_warm | 12.02 [11.66, 12.38] ms | "
-            "8.41 [8.16, 8.67] ms | 1.04 | 1.04 (overlap) | 0.91 |") in steady
+            "8.41 [8.16, 8.67] ms | - | 1.04 | 1.04 (overlap) | 0.91 | - |") in steady
     for text in (start, steady):
         assert "FAILED: exit code 1: RuntimeError: cudnn_cache: miss \\| key" in text
         assert "Traceback: more" not in text  # the first line of the error only
@@ -321,10 +321,36 @@ def test_an_exhaustive_run_is_judged_on_gpu_time_not_on_its_cold_first_step(tmp_
     text = section(markdown, "Targets")
     assert ("| all workloads | exhaustive: workloads whose warm GPU time per step is above 0.97x the better native's, "
             "at most half of the 5 measured | 3 | 2 | missed |") in text
-    assert "| MobileNetV2 bf16 channels_last bs64 | exhaustive: warm GPU time per step ÷ better native's ≤ 1.00 " \
+    assert "| MobileNetV2 bf16 channels_last bs64 | exhaustive: warm GPU time per step (profiler) ÷ better native's ≤ 1.00 " \
            "(stretch 0.97) | 0.82 | 1.00 | met; stretch 0.97: met |" in text
     without = sum(t["met"] is None for t in report["targets"])
     assert without and f", {without} without data (" in text
+
+
+def test_an_exhaustive_run_is_judged_on_the_graph_replays_where_every_case_has_them(tmp_path):
+    # Note [GPU time without a profiler]: the exhaustive target takes graph_ms where cache_warm and both native
+    # modes measured it, and the profiler's gpu_ms where one of them could not capture its step.
+    report = synthetic_report()
+    report["settings"]["tuning"] = {"exhaustive": True}
+    graph = {("resnet50_fp32", "cache_warm"): 19.0, ("resnet50_fp32", "native_benchmark"): 20.0,
+             ("resnet50_fp32", "native_heuristic"): 19.5,  # the better native on this clock
+             ("mobilenet_v2_bf16_cl", "cache_warm"): 5.0, ("mobilenet_v2_bf16_cl", "native_benchmark"): 9.0}
+    for case in report["cases"]:
+        ms = graph.get((case["workload"], case["mode"]))
+        if ms is not None:
+            case["graph_steps_ms"], case["graph_ms"] = [ms] * 30, figure(ms, 0.01)
+    markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
+    gpu = {t["workload"]: t for t in report["targets"] if t["target"].startswith("exhaustive: warm GPU time")}
+    resnet, mobilenet = gpu["resnet50_fp32"], gpu["mobilenet_v2_bf16_cl"]
+    assert resnet["target"].startswith("exhaustive: warm GPU time per step (graph replay) ÷ better native's")
+    assert resnet["value"] == pytest.approx(19.0 / 19.5) and resnet["met"] and not resnet["stretch_met"]
+    assert mobilenet["target"].startswith("exhaustive: warm GPU time per step (profiler)")  # heuristics' lacks it
+    assert mobilenet["value"] == pytest.approx(0.7 * 0.9 * 12.5 / (0.8 * 12.0))
+    warm = next(c for c in report["cases"] if (c["workload"], c["mode"]) == ("resnet50_fp32", "cache_warm"))
+    assert warm["derived"]["graph_vs_best_native"] == pytest.approx(19.0 / 19.5)
+    steady = section(markdown, "Steady state")
+    assert ("| ResNet-50 fp32 bs32 | cache_warm | 31.12 [30.81, 31.44] ms | 21.79 [21.57, 22.01] ms | "
+            "19.00 [18.81, 19.19] ms | 1.04 | 1.25 loss | 1.09 | 0.97 |") in steady
 
 
 def test_derived_columns_without_native_cases(tmp_path):
@@ -441,8 +467,11 @@ def test_rounds_run_each_workloads_modes_in_turn_and_report_medians_with_their_r
             pathlib.Path(command[command.index("--cache-file") + 1]).write_bytes(b"cache")
         first = next(firsts)
         steps = [first + step / 100 for step in range(10)]
+        # The graph replays' GPU time: in every round but native heuristics' second, which could not capture.
+        graph = None if first == 20.0 else [0.8 * step for step in steps]
         result = {"workload": workload, "mode": mode, "first_s": first, "steps_ms": steps,
                   "wall_ms": bench_stats.median_interval(steps), "gpu_steps_ms": None, "gpu_ms": None,
+                  "graph_steps_ms": graph, "graph_ms": graph and bench_stats.median_interval(graph),
                   "stats": {"tunes": len(commands)}}
         if mode == "cache_warm":
             result.update(load_s=0.01, prepare_s=0.1, warm_start_s=0.11 + first)
@@ -461,10 +490,23 @@ def test_rounds_run_each_workloads_modes_in_turn_and_report_medians_with_their_r
     assert warm["first_s"] == 0.5 and warm["warm_start_s"] == pytest.approx(0.61) and len(warm["rounds"]) == 3
     assert warm["steps_ms"] == [first + step / 100 for first in (0.5, 0.4, 0.6) for step in range(10)]
     assert warm["wall_ms"] == bench_stats.median_interval(warm["steps_ms"]) and warm["gpu_ms"] is None
+    # A GPU clock is pooled over the rounds where every round measured it; a case with a round that did not has none.
+    assert warm["graph_steps_ms"] == pytest.approx([0.8 * step for step in warm["steps_ms"]])
+    assert warm["graph_ms"] == bench_stats.median_interval(warm["graph_steps_ms"])
+    assert heuristic["graph_ms"] is None and heuristic["graph_steps_ms"] is None
     assert cold["stats"] == {"tunes": 2}  # the first round's counters (this fake counts the cases run so far)
     bench_report.add_derived(results["cases"])
     rows = bench_report.start_row(cold)
     assert rows[2] == "14.00 s (11.00-15.00, 3 rounds)"
+
+
+def test_a_cases_line_gives_its_graph_replays_or_why_it_has_none():
+    case = {"workload": "seed", "first_s": 1.0, "wall_ms": {"median": 2.0, "lo": 1.9, "hi": 2.1}}
+    assert "graph" not in bench.describe(case)  # on the CPU, and in runs before graph replays were timed
+    replayed = bench.describe(dict(case, graph_ms={"median": 1.5, "lo": 1.4, "hi": 1.6}))
+    assert replayed.endswith("steady 2.00 [1.90, 2.10] ms, GPU 1.50 [1.40, 1.60] ms (graph replay)")
+    failed = bench.describe(dict(case, graph_ms=None, graph_error="AcceleratorError: operation not permitted"))
+    assert failed.endswith("not captured in a CUDA graph (AcceleratorError: operation not permitted)")
 
 
 def test_a_failed_round_fails_its_case_and_names_the_round():
@@ -840,6 +882,7 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
         assert wall["lo"] <= wall["median"] == case["steady_ms"] <= wall["hi"]
         assert wall == bench_stats.median_interval(case["steps_ms"])
         assert case["gpu_ms"] is None and case["gpu_steps_ms"] is None  # no GPU time on the CPU
+        assert case["graph_ms"] is None and case["graph_steps_ms"] is None and "graph_error" not in case
         assert case["derived"]["gpu_vs_best_native"] is None and case["derived"]["wall_loss_vs_best_native"] in (
             True, False)
     cold, warm, intercepted, zero_code = data["cases"][2:]
@@ -990,6 +1033,50 @@ def test_gpu_time_per_step_sums_each_steps_kernels(monkeypatch):
     assert bench_cases.gpu_time_per_step(lambda: None, torch.device("cpu"), 3) == (None, None)
 
 
+@pytest.mark.gpu
+def test_graph_replays_time_a_captured_step_and_say_why_a_step_cannot_be_captured():
+    import torch
+
+    device = torch.device("cuda")
+    conv = torch.nn.Conv2d(8, 16, 3).to(device)
+    x = torch.randn(4, 8, 32, 32, device=device, requires_grad=True)
+
+    def step():
+        conv.zero_grad(set_to_none=True)
+        conv(x).sum().backward()
+
+    times, error = bench_cases.graph_time_per_step(step, device, 5)
+    assert error is None and len(times) == 5 and all(0 < ms < 1000 for ms in times)
+    replayed = conv.weight.grad.clone()  # the captured step's gradient, as its last replay left it
+    step()
+    torch.testing.assert_close(replayed, conv.weight.grad, rtol=1e-3, atol=1e-3)  # (atomics may reorder sums)
+
+    def reads_the_loss():  # .item() waits for the GPU: no CUDA graph can hold it
+        step()
+        return conv.weight.grad.sum().item()
+
+    times, error = bench_cases.graph_time_per_step(reads_the_loss, device, 5)
+    assert times is None and error and error.split(":")[0].endswith("Error")
+    reads_the_loss()  # the failed capture leaves the process able to run the step
+    torch.cuda.synchronize(device)
+    assert bench_cases.graph_time_per_step(step, torch.device("cpu"), 5) == (None, None)
+
+
+@pytest.mark.gpu
+def test_every_mode_times_its_step_in_graph_replays_on_the_gpu(tmp_path):
+    # Note [GPU time without a profiler]: native, converted, intercepted and zero-code steps all capture.
+    done = run_script("--workloads", "seed", "--no-interleaved", "--quick", "--steps", "20", "--warmup", "1",
+                      "--output-dir", tmp_path, "--json", tmp_path / "raw.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    cases = json.loads((tmp_path / "raw.json").read_text())["cases"]
+    assert [case["mode"] for case in cases] == list(bench_cases.MODES)
+    for case in cases:
+        assert "graph_error" not in case, case["graph_error"]
+        graph = case["graph_ms"]
+        assert graph["n"] == 20 and 0 < graph["median"] <= case["wall_ms"]["median"], (case["mode"], graph)
+    assert "(graph replay)" in done.stdout + done.stderr
+
+
 def test_a_training_case_times_its_steps_and_audits_before_anything_is_profiled(monkeypatch):
     # Note [Profiling last]: a profiler session may leave CUPTI attached, so nothing is measured after one.
     import argparse
@@ -1000,17 +1087,24 @@ def test_a_training_case_times_its_steps_and_audits_before_anything_is_profiled(
     monkeypatch.setattr(bench_cases, "timed", lambda step, device: order.append("step") or 0.01)
     monkeypatch.setattr(bench_cases, "audit_cache",
                         lambda cache, repeats, rounds: order.append(("audit", cache, repeats, rounds)) or {"keys": 1})
+    monkeypatch.setattr(bench_cases, "graph_time_per_step",
+                        lambda step, device, steps: order.append("graph") or ([1.5] * steps, None))
     monkeypatch.setattr(bench_cases, "gpu_time_per_step",
                         lambda step, device, steps: order.append("profile") or ([2.0] * steps, [{"name": "gemm"}]))
     args = argparse.Namespace(steps=8, audit_repeats=2, audit_rounds=21)
     figures = bench_cases.steady_figures(lambda: None, torch.device("cuda"), args, audited="the cache")
-    assert order == ["step"] * 8 + [("audit", "the cache", 2, 21), "profile"]
+    # Note [GPU time without a profiler]: the graph replays, too, before the profiler.
+    assert order == ["step"] * 8 + [("audit", "the cache", 2, 21), "graph", "profile"]
     assert figures["steps_ms"] == pytest.approx([10.0] * 8) and figures["steady_ms"] == pytest.approx(10.0)
     assert figures["audit"]["keys"] == 1 and figures["audit"]["seconds"] >= 0
+    assert figures["graph_ms"]["median"] == 1.5 and "graph_error" not in figures
     assert figures["gpu_ms"]["median"] == 2.0 and figures["top_kernels"] == [{"name": "gemm"}]
     order.clear()
+    monkeypatch.setattr(bench_cases, "graph_time_per_step",
+                        lambda step, device, steps: order.append("graph") or (None, "RuntimeError: not capturable"))
     unaudited = bench_cases.steady_figures(lambda: None, torch.device("cuda"), args)
-    assert order == ["step"] * 8 + ["profile"] and "audit" not in unaudited
+    assert order == ["step"] * 8 + ["graph", "profile"] and "audit" not in unaudited
+    assert unaudited["graph_ms"] is None and unaudited["graph_error"] == "RuntimeError: not capturable"
 
 
 def test_cache_cold_saves_its_file_even_where_its_steady_figures_fail(tmp_path):
