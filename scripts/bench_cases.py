@@ -593,8 +593,9 @@ def gpu_time_per_step(step: Callable[[], None], device: torch.device,
 # gpu_ms is what torch.profiler's CUDA activity records, and CUPTI attached to the process changes what it
 # measures: on the thirty-first's H100 one runtime-compiled engine config of RegNetY took 3-4 us more per call
 # after a profiler session, which may leave CUPTI attached (12.0 against 15.5 us, timed without the profiler),
-# and an engine that launches a kernel per group pays its per-kernel cost many times (Note [Profiling last]). Engine configs beyond native's picks are where an exhaustive tuning
-# differs from native, so a GPU time taken through the profiler judges them on a clock tilted against them.
+# and an engine that launches a kernel per group pays its per-kernel cost many times (Note [Profiling last]).
+# Engine configs beyond native's picks are where an exhaustive tuning differs from native, so a GPU time taken
+# through the profiler judges them on a clock tilted against them.
 # graph_ms attaches nothing: the step is captured once in a CUDA graph (warmed up first on a side stream, as
 # PyTorch's whole-network capture does; captured in thread-local mode, so that another thread's CUDA calls do
 # not end it) and each replay is timed by CUDA events around it. A replay runs the step's kernels and copies

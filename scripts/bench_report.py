@@ -107,19 +107,21 @@ def add_derived(cases: List[dict]) -> None:
     """Adds case['derived'] to every successful case, within its workload, None where a case is missing:
     steady_vs_native_benchmark, steady_vs_best_native: the wall-clock median over native_benchmark's and over
     the better native mode's; gpu_vs_best_native and graph_vs_best_native: the median on each GPU clock over the
-    better native mode's on that clock; wall_loss_vs_best_native: see wall_loss; first step ÷ native_heuristic first step and (cache_warm)
-    warm start ÷ native_heuristic first step."""
+    better native mode's on that clock (graph_vs_best_native only where every native mode that ran has
+    graph_ms: see gpu_clock); wall_loss_vs_best_native: see wall_loss; first step ÷ native_heuristic first step
+    and (cache_warm) warm start ÷ native_heuristic first step."""
     ok = successful(cases)
     for case in ok.values():
         def native(mode, key):
             return ok.get((case["workload"], mode), {}).get(key)
 
         best_wall, best_gpu, best_graph = (better_native(ok, case["workload"], clock) for clock in CLOCKS)
+        replayed = gpu_clock(ok, case["workload"], case["mode"]) == "graph_ms"
         case["derived"] = {
             "steady_vs_native_benchmark": ratio(case["steady_ms"], native("native_benchmark", "steady_ms")),
             "steady_vs_best_native": ratio(case["steady_ms"], median_of(best_wall)),
             "gpu_vs_best_native": ratio(median_of(case.get("gpu_ms")), median_of(best_gpu)),
-            "graph_vs_best_native": ratio(median_of(case.get("graph_ms")), median_of(best_graph)),
+            "graph_vs_best_native": ratio(median_of(case.get("graph_ms")), median_of(best_graph)) if replayed else None,
             "wall_loss_vs_best_native": wall_loss(case.get("wall_ms"), best_wall),
             "first_vs_native_heuristic_first": ratio(case["first_s"], native("native_heuristic", "first_s")),
             "warm_start_vs_native_heuristic_first": ratio(case.get("warm_start_s"),
