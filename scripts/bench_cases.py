@@ -596,9 +596,9 @@ def gpu_time_per_step(step: Callable[[], None], device: torch.device,
 # and an engine that launches a kernel per group pays its per-kernel cost many times (Note [Profiling last]).
 # Engine configs beyond native's picks are where an exhaustive tuning differs from native, so a GPU time taken
 # through the profiler judges them on a clock tilted against them.
-# graph_ms attaches nothing: the step is captured once in a CUDA graph (warmed up first on a side stream, as
-# PyTorch's whole-network capture does; captured in thread-local mode, so that another thread's CUDA calls do
-# not end it) and each replay is timed by CUDA events around it. A replay runs the step's kernels and copies
+# graph_ms attaches nothing: the step is captured once in a CUDA graph (warmed up first on the side stream it is
+# captured on, as PyTorch's whole-network capture warms up; captured in thread-local mode, so that another
+# thread's CUDA calls do not end it) and each replay is timed by CUDA events around it. A replay runs the step's kernels and copies
 # back to back, with the host out of the way, so it is the GPU's time for the step, gaps between kernels
 # included; it is measured before the profiler attaches CUPTI. A step that cannot be captured (a host
 # synchronization, an operator CUDA graphs do not support) has no graph_ms, and graph_error says why.
@@ -620,7 +620,9 @@ def graph_time_per_step(step: Callable[[], None], device: torch.device,
             for _ in range(GRAPH_WARMUP):
                 step()
         torch.cuda.current_stream(device).wait_stream(side)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # Captured on the stream the warm-up ran on: what a library sets up per stream (cuBLAS's workspace, a
+        # handle's stream) is set up before the capture.
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             step()
         for _ in range(GRAPH_WARMUP):
             graph.replay()
