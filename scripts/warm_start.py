@@ -25,9 +25,9 @@ measurement of each candidate wins).
 
 --settle decides every key again after the tuning steps, before the save (cudnn_cache.settle): each stored
 choice and native's two picks timed as cudnn_cache.audit times them, and a native pick the rounds show faster
-takes the stored choice's place. A search decides inside the step that missed, under the tuning's own load;
-keys of a few microseconds are where that shows (docs/PERFORMANCE.md, thirty-first: not yet measured on a
-network with this rule).
+takes the stored choice's place; such an entry replaces the file's for its key in the save, where other entries
+merge. A search decides inside the step that missed, under the tuning's own load; keys of a few microseconds are
+where that shows (docs/PERFORMANCE.md, thirty-first: not yet measured on a network with this rule).
 
 --deterministic is for a file that deterministic training (torch.use_deterministic_algorithms, or
 cudnn.deterministic) will load: each search also settles the deterministic configs against native's deterministic

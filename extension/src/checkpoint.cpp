@@ -404,6 +404,24 @@ void merge_into(CacheStore& store, Checkpoint checkpoint) {
   }
 }
 
+namespace {
+
+// The rankings the store's caches hold by replace(), put back in `merged` in place of their merge with a file's
+// (Note [A settled key replaces the file's] in perf_cache.h).
+void keep_replaced(CacheStore& merged, const CacheStore& store) {
+  for (const auto& [origin, caches] : store.origins()) {
+    for_each_cache([&, origin = origin, caches = caches](auto traits) {
+      using Traits = decltype(traits);
+      PerfCache<Traits>& target = merged.caches(origin).template get<Traits>();
+      for (auto& [key, ranking] : caches->template get<Traits>().replaced_entries()) {
+        target.replace(key, std::move(ranking));
+      }
+    });
+  }
+}
+
+}  // namespace
+
 std::string serialize(const Checkpoint& checkpoint) {
   return frame_payload(checkpoint.header, serialize_payload(checkpoint));
 }
@@ -769,6 +787,7 @@ SaveReport save(const CacheStore& store, const std::string& path, const SaveOpti
   CacheStore merged;  // the file first, then the store: its stored plans, the newer ones, replace the file's
   merge_into(merged, existing);
   merge_into(merged, snapshot(store));  // a temporary: moved, not copied
+  keep_replaced(merged, store);
   const Checkpoint checkpoint = snapshot(merged);
   write_file_atomically(path, serialize(checkpoint));
   report.entries = checkpoint.size();

@@ -796,6 +796,52 @@ TEST_CASE("a save merges with what the file holds, faster measurement winning, a
   CHECK(loaded.caches(origin).forward.find(only_in_store));
 }
 
+TEST_CASE("a merging save writes a settled key's ranking in place of the file's and merges the others",
+          "[checkpoint][shared]") {
+  TemporaryFolder folder;
+  const std::string path = folder.file("cache.bin");
+  const Origin origin = running_origin();
+  const ConvolutionKey settled_key = conv_key(Direction::forward, 1);
+  const ConvolutionKey merged_key = conv_key(Direction::forward, 2);
+  // The file: what an earlier search found, config 1 first at 1.0 ms (timed under its tuning's load).
+  CacheStore on_disk;
+  on_disk.caches(origin).forward.insert(settled_key,
+                                        Ranking<Fwd>::of({candidate<Fwd>(1, 1.0f), candidate<Fwd>(2, 3.0f)}));
+  on_disk.caches(origin).forward.insert(merged_key, Ranking<Fwd>::of({candidate<Fwd>(1, 1.0f)}));
+  save(on_disk, path);
+
+  // This process loaded the file and settled the first key: config 2 ahead of config 1, on the settle's clock
+  // (1.2 against 1.3 ms), which a merge with the file's 1.0 ms for config 1 would undo.
+  CacheStore store;
+  load(store, path, kRunning);
+  const auto settled = Ranking<Fwd>::of({candidate<Fwd>(2, 1.2f), candidate<Fwd>(1, 1.3f)});
+  store.caches(origin).forward.replace(settled_key, settled);
+  store.caches(origin).forward.insert(merged_key, Ranking<Fwd>::of({candidate<Fwd>(3, 2.0f)}));
+  save(store, path);
+
+  CacheStore loaded;
+  load(loaded, path, kRunning);
+  const auto kept = loaded.caches(origin).forward.find(settled_key);
+  REQUIRE(kept);
+  INFO(testing::to_text(*kept));
+  CHECK(*kept == settled);
+  const auto merged = loaded.caches(origin).forward.find(merged_key);
+  REQUIRE(merged);
+  CHECK(*merged == Ranking<Fwd>::of({candidate<Fwd>(1, 1.0f), candidate<Fwd>(3, 2.0f)}));
+  CHECK(loaded.caches(origin).forward.replaced_entries().empty());  // a load merges: nothing it read is marked
+
+  SECTION("a key merged after its settle merges with the file again") {
+    SaveOptions replace;
+    replace.merge = false;
+    save(on_disk, path, replace);  // the file as it was, config 1 at 1.0 ms
+    store.caches(origin).forward.insert(settled_key, Ranking<Fwd>::of({candidate<Fwd>(4, 5.0f)}));
+    save(store, path);
+    CacheStore again;
+    load(again, path, kRunning);
+    CHECK(again.caches(origin).forward.find(settled_key)->front().time_ms == 1.0f);  // the file's config 1
+  }
+}
+
 TEST_CASE("a merging save never overwrites a file it cannot read", "[checkpoint][shared]") {
   TemporaryFolder folder;
   const std::string path = folder.file("cache.bin");

@@ -235,6 +235,26 @@ TEST_CASE("PerfCache insert, find, merge, erase and clear", "[perf_cache]") {
                Contains("forward cache cannot hold a key of direction backward_data"));
     CHECK(*cache.find(key) == settled);
   }
+  SECTION("a replaced key is listed as replaced until it is merged, erased or cleared") {
+    CHECK(cache.replaced_entries().empty());  // inserted, not replaced
+    const auto settled = FwdRanking::of({ok(2, 2.5f), ok(1, 2.6f)});
+    cache.replace(key, settled);
+    cache.replace(other, first);
+    const auto replaced = cache.replaced_entries();
+    REQUIRE(replaced.size() == 2);
+    CHECK(replaced[0].first < replaced[1].first);  // sorted by key, as entries() is
+    CHECK(replaced == cache.entries());
+    cache.insert(other, FwdRanking::of({ok(3, 9.0f)}));  // merged: no longer as replace() left it
+    REQUIRE(cache.replaced_entries().size() == 1);
+    CHECK(cache.replaced_entries()[0] == PerfCache<Fwd>::Entry{key, settled});
+    cache.replace(other, first);
+    cache.erase(key);
+    REQUIRE(cache.replaced_entries().size() == 1);
+    CHECK(cache.replaced_entries()[0].first == other);
+    cache.clear();
+    cache.insert(other, first);
+    CHECK(cache.replaced_entries().empty());
+  }
   SECTION("a ranking found stays as it was while the key is merged, erased or cleared") {
     const auto held = cache.find(key);
     cache.insert(key, FwdRanking::of({ok(2, 0.5f)}));

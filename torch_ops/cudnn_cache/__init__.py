@@ -99,8 +99,9 @@ def save(path: str, merge: bool = True, lock_timeout: float = 60.0) -> int:
     The file is shared safely: the save holds an advisory lock on "<path>.lock" (waiting at most
     `lock_timeout` seconds, then raising RuntimeError naming the file) and, with `merge` (the default), keeps
     what the file already holds, merged with this cache (the faster measurement wins), so processes saving
-    into one file lose nothing. A file there that cannot be read is never overwritten by a merging save; pass
-    merge=False to replace the file with exactly this cache. Where the file system has no locks, it warns and
+    into one file lose nothing; an entry settle() changed replaces the file's entry for its key instead. A
+    file there that cannot be read is never overwritten by a merging save; pass merge=False to replace the
+    file with exactly this cache. Where the file system has no locks, it warns and
     saves without one. This process's cache is not changed.
     """
     path = os.fspath(path)
@@ -329,9 +330,9 @@ def settle(device: Optional[int] = None) -> List[Dict[str, Any]]:
     after the steps that tuned, before saving (scripts/warm_start.py --settle). One dict per entry, as audit()
     returns (stored_* is the choice before), with 'settled_engine' (the entry's first config now) and 'changed'
     (whether that is another config). Like audit(), it times each key alone: a config that ties alone may cost
-    more inside a network (docs/PERFORMANCE.md, thirty-first). save() merges an entry with the file's entry for
-    its key by the merge rule (per config, the faster time), which can put another config first again: save
-    settled entries into a file that does not hold their keys yet, or one settled too."""
+    more inside a network (docs/PERFORMANCE.md, thirty-first). An entry it changed is saved in place of the
+    file's entry for its key, not merged with it (a merge compares times taken under other loads, and could put
+    the displaced config first again), until this process merges, erases or clears that key."""
     return [dict(row) for row in _ops.settle(device)]
 
 

@@ -43,6 +43,7 @@
 #include <type_traits>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -319,6 +320,17 @@ Ranking<Traits> merge(const Ranking<Traits>& a, const Ranking<Traits>& b) {
   return Ranking<Traits>::of(all.begin(), all.end());
 }
 
+// Note [A settled key replaces the file's]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// settle (Note [Settling in steady state] in paired_timing.h) stores a key's ranking with replace(): its times
+// are the settle's, taken in steady state, where the search timed the same configs under the tuning's load. A
+// merge compares candidates' times config by config, whichever clock took them, so merged with a file's ranking
+// of that key (a merging save; the warm start's file usually holds the key already) the config the settle
+// displaced can lead again on the time the file keeps for it, and the settle is undone without a word. A cache
+// therefore remembers the keys it last stored by replace(); a merge (insert), erase or clear forgets the mark.
+// A merging save writes those keys' rankings in place of the file's and merges every other key as before
+// (checkpoint.cpp, save). load() still merges: a file loaded after a settle is newer news than the settle.
+
 // Note [Cache versions]
 // ~~~~~~~~~~~~~~~~~~~~~
 // Each PerfCache, and the runtime's plan cache, carries a version: a number from one process-wide sequence,
@@ -351,7 +363,8 @@ class PerfCache {
 
   // Stores the ranking under the key in place of what the key holds, unmerged: a ranking settled again from
   // its own (Note [Settling in steady state] in paired_timing.h), whose times a merge would undo. A lookup sees
-  // the old ranking or the new one, never a miss. Throws Error as insert does.
+  // the old ranking or the new one, never a miss. The key is remembered as replaced until it is merged,
+  // erased or cleared (Note [A settled key replaces the file's]). Throws Error as insert does.
   void replace(const ConvolutionKey& key, Ranking<Traits> ranking) { store(key, std::move(ranking), false); }
 
   // The key nearest to `key` among those of its family the cache holds, and its ranking; a null ranking when
@@ -395,6 +408,7 @@ class PerfCache {
   bool erase(const ConvolutionKey& key) {
     std::unique_lock lock(mutex_);
     lent_.erase(key);
+    replaced_.erase(key);
     if (rankings_.erase(key) == 0) return false;
     changed();
     return true;
@@ -409,6 +423,7 @@ class PerfCache {
     std::unique_lock lock(mutex_);
     rankings_.clear();
     lent_.clear();
+    replaced_.clear();
     changed();
   }
 
@@ -417,17 +432,31 @@ class PerfCache {
 
   // A snapshot of every entry, sorted by key, so listings and files are reproducible.
   std::vector<Entry> entries() const {
+    return entries_where([](const ConvolutionKey&) { return true; });
+  }
+
+  // A snapshot of the entries stored by replace() and not merged, erased or cleared since, sorted by key: what
+  // a merging save writes in place of the file's rankings (Note [A settled key replaces the file's]).
+  std::vector<Entry> replaced_entries() const {
+    return entries_where([this](const ConvolutionKey& key) { return replaced_.count(key) != 0; });
+  }
+
+ private:
+  // The entries whose key `wanted` accepts, sorted by key; `wanted` is called under the shared lock.
+  template <typename Wanted>
+  std::vector<Entry> entries_where(const Wanted& wanted) const {
     std::vector<Entry> snapshot;
     {
       std::shared_lock lock(mutex_);
       snapshot.reserve(rankings_.size());
-      for (const auto& [key, ranking] : rankings_) snapshot.emplace_back(key, *ranking);
+      for (const auto& [key, ranking] : rankings_) {
+        if (wanted(key)) snapshot.emplace_back(key, *ranking);
+      }
     }
     std::sort(snapshot.begin(), snapshot.end(), [](const Entry& a, const Entry& b) { return a.first < b.first; });
     return snapshot;
   }
 
- private:
   // insert (merging) and replace (not).
   void store(const ConvolutionKey& key, Ranking<Traits> ranking, bool merging) {
     CUDNN_CACHE_REQUIRE(key.direction == static_cast<std::int32_t>(Traits::direction), "the ",
@@ -438,6 +467,11 @@ class PerfCache {
     Shared& slot = rankings_[key];
     slot = std::make_shared<const Ranking<Traits>>(slot && merging ? merge(*slot, ranking) : std::move(ranking));
     lent_.erase(key);
+    if (merging) {
+      replaced_.erase(key);
+    } else {
+      replaced_.insert(key);
+    }
     changed();
   }
 
@@ -447,6 +481,7 @@ class PerfCache {
   mutable std::shared_mutex mutex_;
   std::unordered_map<ConvolutionKey, Shared, KeyHash> rankings_;
   std::unordered_map<ConvolutionKey, Shared, KeyHash> lent_;  // keys rankings_ does not hold
+  std::unordered_set<ConvolutionKey, KeyHash> replaced_;      // keys last stored by replace()
   std::atomic<std::uint64_t> version_{next_cache_version()};
 };
 
