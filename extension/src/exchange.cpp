@@ -123,6 +123,20 @@ std::vector<SingleEntry> split_entries(const Checkpoint& checkpoint) {
   return result;
 }
 
+std::vector<std::string> replaced_entry_names(const CacheStore& store) {
+  std::vector<std::string> names;
+  for (const auto& [origin, caches] : store.origins()) {
+    for_each_cache([&, origin = origin, caches = caches](auto traits) {
+      using Traits = decltype(traits);
+      for (const auto& entry : caches->template get<Traits>().replaced_entries()) {
+        names.push_back(entry_name(origin, backend_of<Traits>(), entry.first));
+      }
+    });
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 void check_single_entry(const Checkpoint& checkpoint, const std::string& name, const std::string& source) {
   CUDNN_CACHE_REQUIRE(checkpoint.sections.size() == 1 && checkpoint.size() == 1 && checkpoint.pending() == 0, source,
                       ": expected exactly one entry and no pending keys, found ", checkpoint.size(), " entries and ",

@@ -737,6 +737,9 @@ def test_settle_decides_every_entry_again_and_the_file_keeps_what_it_settled(tmp
     key = {direction: cudnn_cache.conv_key(direction, x, w, [1, 1], [1, 1], [1, 1], 1)
            for direction in ("forward", "backward_data", "backward_filter")}
     before = {direction: cudnn_cache.query(direction, key[direction])[0]["engine"] for direction in key}
+    # The file holds the search's rankings before the settle: the save after it merges with them
+    # (Note [A settled key replaces the file's]).
+    cudnn_cache.save(str(tmp_path / "settled.cache"))
     rows = cudnn_cache.settle()
     assert sorted(row["direction"] for row in rows) == ["backward_data", "backward_filter", "forward"]
     for row in rows:
@@ -747,6 +750,8 @@ def test_settle_decides_every_entry_again_and_the_file_keeps_what_it_settled(tmp
         if row["changed"]:  # only native's faster pick takes a stored config's place
             assert row["settled_engine"] in (row["heuristic_engine"], row["benchmark_engine"])
         assert row["stored_ms"] > 0 and row["heuristic_ms"] > 0 and row["benchmark_ms"] > 0
+    # The entries it changed are the ones a save writes in place of the file's and a push of the server's.
+    assert len(cudnn_cache._ops.replaced_entry_names()) == sum(row["changed"] for row in rows)
     # What runs now computes what native computes, and the file keeps the settled choices.
     y = cudnn_cache.functional.conv2d(x, w, padding=1)
     assert_close_scaled(y, F.conv2d(x, w, padding=1), TOLERANCE[torch.bfloat16], "settled forward")

@@ -117,6 +117,24 @@ def test_pushes_merge_on_the_server_as_the_merge_command_merges(cli, synth, serv
     assert not same_cache(cli, first, tmp_path / "pulled.cache")  # the merge changed something
 
 
+def test_a_push_writes_the_entries_settle_changed_over_the_servers_and_merges_the_others(synth, server, tmp_path):
+    # Note [A settled key replaces the file's]: the entries named as replacing (settle() changed them in the
+    # saving process) take the server copy's place, which a merge by the faster time would keep.
+    first = synth("first.cache", 20, seed=5)
+    slower = bench_remote.scaled_copy(first, tmp_path / "slower.cache", lambda i: 2.0)  # the same keys, 2x the time
+    store = remote.Remote(server.url)
+    store.push(first.read_bytes(), str(first))
+    fastest = {name: blob for name, _, blob in remote.split(first.read_bytes(), str(first))}
+    entries = remote.split(slower.read_bytes(), str(slower))
+    settled = {name for name, _, _ in entries[:5]}
+    report = store.push(slower.read_bytes(), str(slower), replacing=settled)
+    assert (report.entries, report.stored, report.unchanged) == (20, 5, 15)
+    client = server.client()
+    prefix = f"cudnn_cache:v{cudnn_cache.FORMAT_VERSION}:entry:"
+    for name, _, blob in entries:
+        assert client.call("GET", prefix + name) == (blob if name in settled else fastest[name]), name
+
+
 def test_16_concurrent_writers_of_1000_entries_lose_nothing_and_keep_the_fastest(server, tmp_path):
     # Half the writers push entries of their own, half the same keys with other measurements, all at once; the
     # store must then hold what `cudnn_cache merge` of the 16 files holds.

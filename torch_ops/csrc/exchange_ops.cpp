@@ -182,6 +182,12 @@ std::tuple<at::Tensor, std::vector<std::int64_t>, std::vector<std::string>> merg
   return {concatenated({rethrow([&] { return serialize(snapshot(merged)); })}).first, refused, reasons};
 }
 
+// The shared-store names of the entries settle() changed in this process (replaced_entry_names): save() pushes
+// them in place of the server's copies.
+std::vector<std::string> replaced_entry_names() {
+  return rethrow([] { return cudnn_cache::replaced_entry_names(Runtime::instance().store()); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
@@ -194,6 +200,7 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("origin_tag", &origin_tag);
   m.impl("split_entries", &split_entries);
   m.impl("merge_entries", &merge_entries);
+  m.impl("replaced_entry_names", &replaced_entry_names);
 }
 
 }  // namespace cudnn_cache::torch_ops

@@ -80,6 +80,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("split_entries(Tensor data, str source) -> (str[] names, str[] origins, Tensor data, int[] ends)");
   m.def("merge_entries(Tensor data, int[] ends, str[] names, str source) -> (Tensor data, int[] refused, "
         "str[] reasons)");
+  m.def("replaced_entry_names() -> str[]");
   m.def("tune_key(int[] key, str backend, int? device=None) -> int");
   m.def("prefetch_key(int[] key, str backend, int? device=None) -> bool");
 

@@ -111,7 +111,7 @@ def save(path: str, merge: bool = True, lock_timeout: float = 60.0) -> int:
                 1e3 * (time.perf_counter() - started))
     if _remote is not None:
         with open(path, "rb") as saved:
-            _push_remote(saved.read(), path)
+            _push_remote(saved.read(), path, _ops.replaced_entry_names())
     return entries
 
 
@@ -124,7 +124,7 @@ def set_remote(url: Optional[str], timeout: float = 1.0) -> None:
     redis://[[user]:password@]host[:port][/db] or rediss:// for TLS (?ssl_ca_certs=CA.pem for a private CA;
     CUDNN_CACHE_REMOTE sets it at start), or None for none. load() then also merges this GPU's entries from it,
     and save() pushes the file's entries to it, each merged on the server (per candidate the faster measurement
-    wins). A store that cannot be reached
+    wins; an entry settle() changed replaces the server's copy). A store that cannot be reached
     or answers slower than `timeout` seconds costs one warning per process; the local file works as before.
     Nothing is sent until then: a bad URL raises ValueError here, an unreachable server warns at load or save."""
     global _remote, _remote_warned
@@ -171,11 +171,11 @@ def pull_remote(device: Optional[int] = None) -> int:
     return merged
 
 
-def _push_remote(data: bytes, source: str) -> None:
+def _push_remote(data: bytes, source: str, replacing: List[str]) -> None:
     from . import remote as _remote_module
 
     try:
-        report = _remote.push(data, source)
+        report = _remote.push(data, source, replacing=frozenset(replacing))
     except _remote_module.RemoteError as error:
         _remote_failed(error, f"{source} is saved; its entries go to the remote store at the next save")
         return

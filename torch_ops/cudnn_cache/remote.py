@@ -22,7 +22,9 @@ pushes, until a push rewrites the entry in the new format or `remote prune --oth
 Newer formats' keys, and older ones', are never read. A push merges each entry into the server's copy with the file's
 rule (per candidate the faster measurement wins), under WATCH/MULTI: the merge is computed here, and the write
 happens only if nobody wrote the key since it was read, else it is read and merged again. Any number of writers
-lose nothing, and an entry whose merge changes nothing is not written.
+lose nothing, and an entry whose merge changes nothing is not written. The one exception is an entry settle()
+changed in the saving process: as in its file, it takes the server copy's place (Note [A settled key replaces the
+file's]), since a merge with times taken under another load could put the config it displaced first again.
 
 What comes back is checked exactly like a file (the checkpoint's magic, versions, sizes, enums and checksum),
 and must hold the one entry its name says; an entry that fails is left out and counted, never merged, and a
@@ -43,7 +45,7 @@ import dataclasses
 import socket
 import time
 import urllib.parse
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -357,9 +359,10 @@ class Remote:
         self._call("answered a ping", lambda: self._connection.call("PING"))
 
     # -- push ------------------------------------------------------------------------------------------------
-    def push(self, data: bytes, source: str) -> PushReport:
+    def push(self, data: bytes, source: str, replacing: Collection[str] = ()) -> PushReport:
         """Merges every entry of the checkpoint `data` (a cache file's bytes; `source` names it in errors)
-        into the server's copy (Note [Remote store])."""
+        into the server's copy (Note [Remote store]); the entries named in `replacing` (those settle() changed,
+        Note [A settled key replaces the file's]) are written in place of the server's copies instead."""
         started = time.perf_counter()
         entries = split(data, source)
         report = PushReport(entries=len(entries))
@@ -369,11 +372,11 @@ class Remote:
             if held == blob:
                 report.unchanged += 1
             else:
-                self._call(f"wrote {name}", lambda: self._merge_one(name, origin, blob, report))
+                self._call(f"wrote {name}", lambda: self._merge_one(name, origin, blob, report, name in replacing))
         report.seconds = time.perf_counter() - started
         return report
 
-    def _merge_one(self, name: str, origin: str, blob: bytes, report: PushReport) -> None:
+    def _merge_one(self, name: str, origin: str, blob: bytes, report: PushReport, replace: bool = False) -> None:
         # Two round trips: WATCH with the read, then the transaction, which the server drops (EXEC answers nil)
         # when another writer wrote the key since the WATCH; then it is read and merged again.
         key = self._entry_key(name)
@@ -382,7 +385,7 @@ class Remote:
         for _ in range(_WRITE_ATTEMPTS):
             _, held = connection.checked(connection.pipeline([("WATCH", key), ("GET", key)]))
             replaced = False
-            if held is None:
+            if held is None or replace:
                 new = blob
             else:
                 new, refused = merge([held, blob], [name, name], f"remote store {self.name}")

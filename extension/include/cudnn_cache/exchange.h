@@ -76,6 +76,10 @@ struct SingleEntry {
 // Every entry of the checkpoint on its own, in its order.
 std::vector<SingleEntry> split_entries(const Checkpoint& checkpoint);
 
+// The shared-store names of the entries the store holds by replace(), sorted: a push writes those in place of the
+// server's copies, as a merging save does with a file's (Note [A settled key replaces the file's], perf_cache.h).
+std::vector<std::string> replaced_entry_names(const CacheStore& store);
+
 // The one entry of `checkpoint` checked to be a single entry named `name`; throws Error naming `source`
 // when it holds another count of entries, pending keys, or an entry of another name.
 void check_single_entry(const Checkpoint& checkpoint, const std::string& name, const std::string& source);
