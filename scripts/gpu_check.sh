@@ -58,12 +58,15 @@ step build build || exit 1
 # they cost there far more than here), split into GPU_SHARDS processes that run at once (--shard, conftest.py):
 # one after another they take ~10 minutes there, more than one call to the machine may run. PYTEST_ARGS runs one
 # pytest with those arguments instead: PYTEST_ARGS="tests/python/test_x.py -k name" runs those tests; arguments
-# that name no path run all of tests/python (pytest.ini's testpaths), e.g. PYTEST_ARGS="-v -rs".
+# that name no path run all of tests/python (pytest.ini's testpaths), e.g. PYTEST_ARGS="-v -rs". PYTEST_K adds
+# a -k expression, which PYTEST_ARGS cannot hold where it has spaces: PYTEST_K="settle or audit".
 gpu_tests() {
   step ctest ctest --test-dir build --output-on-failure --parallel 8
-  if [ -n "${PYTEST_ARGS:-}" ]; then
+  if [ -n "${PYTEST_ARGS:-}${PYTEST_K:-}" ]; then
+    local select=()
+    [ -n "${PYTEST_K:-}" ] && select=(-k "$PYTEST_K")
     # shellcheck disable=SC2086
-    step pytest python3 -m pytest $PYTEST_ARGS
+    step pytest python3 -m pytest ${PYTEST_ARGS:-} "${select[@]}"
     return
   fi
   local shards=${GPU_SHARDS:-4} shard pid
