@@ -101,8 +101,8 @@ def save(path: str, merge: bool = True, lock_timeout: float = 60.0) -> int:
     what the file already holds, merged with this cache (the faster measurement wins), so processes saving
     into one file lose nothing; an entry settle() changed replaces the file's entry for its key instead. A
     file there that cannot be read is never overwritten by a merging save; pass merge=False to replace the
-    file with exactly this cache. Where the file system has no locks, it warns and
-    saves without one. This process's cache is not changed.
+    file with exactly this cache. Where the file system has no locks, it warns and saves without one. This
+    process's cache is not changed.
     """
     path = os.fspath(path)
     started = time.perf_counter()
@@ -124,8 +124,8 @@ def set_remote(url: Optional[str], timeout: float = 1.0) -> None:
     redis://[[user]:password@]host[:port][/db] or rediss:// for TLS (?ssl_ca_certs=CA.pem for a private CA;
     CUDNN_CACHE_REMOTE sets it at start), or None for none. load() then also merges this GPU's entries from it,
     and save() pushes the file's entries to it, each merged on the server (per candidate the faster measurement
-    wins; an entry settle() changed replaces the server's copy). A store that cannot be reached
-    or answers slower than `timeout` seconds costs one warning per process; the local file works as before.
+    wins; an entry settle() changed replaces the server's copy). A store that cannot be reached or answers
+    slower than `timeout` seconds costs one warning per process; the local file works as before.
     Nothing is sent until then: a bad URL raises ValueError here, an unreachable server warns at load or save."""
     global _remote, _remote_warned
     from . import remote as _remote_module
