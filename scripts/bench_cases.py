@@ -598,9 +598,9 @@ def gpu_time_per_step(step: Callable[[], None], device: torch.device,
 # through the profiler judges them on a clock tilted against them.
 # graph_ms attaches nothing: the step is captured once in a CUDA graph (warmed up first on the side stream it is
 # captured on, as PyTorch's whole-network capture warms up; captured in thread-local mode, so that another
-# thread's CUDA calls do not end it) and each replay is timed by CUDA events around it. A replay runs the step's kernels and copies
-# back to back, with the host out of the way, so it is the GPU's time for the step, gaps between kernels
-# included; it is measured before the profiler attaches CUPTI. A step that cannot be captured (a host
+# thread's CUDA calls do not end it) and each replay is timed by CUDA events around it. A replay runs the step's
+# kernels and copies back to back, with the host out of the way, so it is the GPU's time for the step, gaps
+# between kernels included; it is measured before the profiler attaches CUPTI. A step that cannot be captured (a host
 # synchronization, an operator CUDA graphs do not support) has no graph_ms, and graph_error says why.
 GRAPH_WARMUP = 3  # steps on the side stream before the capture, and replays before the timed ones
 

@@ -110,29 +110,6 @@ TEST_CASE("select keeps exactly the chosen entries with their plans; merging sel
 }
 
 // Note [Entries on a shared store].
-TEST_CASE("the entries a store holds by replace() are named as split_entries names them", "[exchange][remote]") {
-  const ConvolutionKey graph_key = conv_key(Direction::backward_filter, 7);
-  const ConvolutionKey legacy_key = conv_key(Direction::forward, 9);
-  const std::unique_ptr<CacheStore> store = store_with_a_plan(5, 5, 5, graph_key);
-  CHECK(replaced_entry_names(*store).empty());  // inserted, none replaced
-  const auto graph_ranking = Ranking<GraphBackwardFilterTraits>::of({engine(3, 0.2f)});
-  const auto legacy_ranking = Ranking<ForwardTraits>::of({testing::candidate<ForwardTraits>(1, 2.0f)});
-  store->caches(kFirst).graph_backward_filter.replace(graph_key, graph_ranking);
-  store->caches(kSecond).forward.replace(legacy_key, legacy_ranking);
-
-  CacheStore alone;  // the same two entries in a store of their own: their names on a shared store
-  alone.caches(kFirst).graph_backward_filter.insert(graph_key, graph_ranking);
-  alone.caches(kSecond).forward.insert(legacy_key, legacy_ranking);
-  std::vector<std::string> expected;
-  for (const SingleEntry& single : split_entries(snapshot(alone))) expected.push_back(single.name);
-  std::sort(expected.begin(), expected.end());
-  CHECK(replaced_entry_names(*store) == expected);
-
-  const auto faster = Ranking<ForwardTraits>::of({testing::candidate<ForwardTraits>(2, 1.0f)});
-  store->caches(kSecond).forward.insert(legacy_key, faster);
-  CHECK(replaced_entry_names(*store).size() == 1);  // merged since: no longer replaced
-}
-
 TEST_CASE("entries on their own carry stable names, pass the store's decoder and merge back into the whole",
           "[exchange][remote]") {
   const ConvolutionKey key = conv_key(Direction::backward_filter, 7);
@@ -174,4 +151,27 @@ TEST_CASE("entries on their own carry stable names, pass the store's decoder and
                                                           StoredPlan{engine(9, 0.25f), 91900, {4, 5, 6}}));
   CHECK_THROWS_WITH(check_single_entry(foreign_plan, entries.at(0).name, "remote"),
                     Catch::Contains("holds a stored plan of another entry"));
+}
+
+TEST_CASE("the entries a store holds by replace() are named as split_entries names them", "[exchange][remote]") {
+  const ConvolutionKey graph_key = conv_key(Direction::backward_filter, 7);
+  const ConvolutionKey legacy_key = conv_key(Direction::forward, 9);
+  const std::unique_ptr<CacheStore> store = store_with_a_plan(5, 5, 5, graph_key);
+  CHECK(replaced_entry_names(*store).empty());  // inserted, none replaced
+  const auto graph_ranking = Ranking<GraphBackwardFilterTraits>::of({engine(3, 0.2f)});
+  const auto legacy_ranking = Ranking<ForwardTraits>::of({testing::candidate<ForwardTraits>(1, 2.0f)});
+  store->caches(kFirst).graph_backward_filter.replace(graph_key, graph_ranking);
+  store->caches(kSecond).forward.replace(legacy_key, legacy_ranking);
+
+  CacheStore alone;  // the same two entries in a store of their own: their names on a shared store
+  alone.caches(kFirst).graph_backward_filter.insert(graph_key, graph_ranking);
+  alone.caches(kSecond).forward.insert(legacy_key, legacy_ranking);
+  std::vector<std::string> expected;
+  for (const SingleEntry& single : split_entries(snapshot(alone))) expected.push_back(single.name);
+  std::sort(expected.begin(), expected.end());
+  CHECK(replaced_entry_names(*store) == expected);
+
+  const auto faster = Ranking<ForwardTraits>::of({testing::candidate<ForwardTraits>(2, 1.0f)});
+  store->caches(kSecond).forward.insert(legacy_key, faster);
+  CHECK(replaced_entry_names(*store).size() == 1);  // merged since: no longer replaced
 }
