@@ -409,15 +409,9 @@ namespace {
 // The rankings the store's caches hold by replace(), put back in `merged` in place of their merge with a file's
 // (Note [A settled key replaces the file's] in perf_cache.h).
 void keep_replaced(CacheStore& merged, const CacheStore& store) {
-  for (const auto& [origin, caches] : store.origins()) {
-    for_each_cache([&, origin = origin, caches = caches](auto traits) {
-      using Traits = decltype(traits);
-      PerfCache<Traits>& target = merged.caches(origin).template get<Traits>();
-      for (auto& [key, ranking] : caches->template get<Traits>().replaced_entries()) {
-        target.replace(key, std::move(ranking));
-      }
-    });
-  }
+  for_each_replaced(store, [&](const Origin& origin, auto traits, const ConvolutionKey& key, auto ranking) {
+    merged.caches(origin).template get<decltype(traits)>().replace(key, std::move(ranking));
+  });
 }
 
 }  // namespace

@@ -125,14 +125,9 @@ std::vector<SingleEntry> split_entries(const Checkpoint& checkpoint) {
 
 std::vector<std::string> replaced_entry_names(const CacheStore& store) {
   std::vector<std::string> names;
-  for (const auto& [origin, caches] : store.origins()) {
-    for_each_cache([&, origin = origin, caches = caches](auto traits) {
-      using Traits = decltype(traits);
-      for (const auto& entry : caches->template get<Traits>().replaced_entries()) {
-        names.push_back(entry_name(origin, backend_of<Traits>(), entry.first));
-      }
-    });
-  }
+  for_each_replaced(store, [&](const Origin& origin, auto traits, const ConvolutionKey& key, const auto&) {
+    names.push_back(entry_name(origin, backend_of<decltype(traits)>(), key));
+  });
   std::sort(names.begin(), names.end());
   return names;
 }

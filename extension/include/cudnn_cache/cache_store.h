@@ -178,4 +178,17 @@ class CacheStore {
   std::map<Origin, std::unique_ptr<DirectionCaches>> caches_;
 };
 
+// Calls f(origin, Traits{}, key, ranking) for every ranking a cache of the store holds by replace() (Note [A
+// settled key replaces the file's] in perf_cache.h), by origin, then cache, then key; the ranking is f's to keep.
+template <typename F>
+void for_each_replaced(const CacheStore& store, F&& f) {
+  for (const auto& [origin, caches] : store.origins()) {
+    for_each_cache([&, origin = origin, caches = caches](auto traits) {
+      for (auto& [key, ranking] : caches->template get<decltype(traits)>().replaced_entries()) {
+        f(origin, traits, key, std::move(ranking));
+      }
+    });
+  }
+}
+
 }  // namespace cudnn_cache
