@@ -91,7 +91,11 @@ if [ "${GPU_TESTS:-1}" = 0 ]; then
 else
   gpu_tests
 fi
-for extra in "$@"; do  # further steps, each a shell command: e.g. a benchmark
-  step "extra-$(echo "$extra" | tr -c 'a-zA-Z0-9' '_' | cut -c1-40)" bash -c "$extra"
+# Further steps, each a shell command (e.g. a benchmark), logged as extra-N-<its first characters>: numbered, since
+# two commands that begin alike would otherwise share a log and the second would overwrite the first's.
+n=0
+for extra in "$@"; do
+  n=$((n + 1))
+  step "extra-$n-$(echo "$extra" | tr -c 'a-zA-Z0-9' '_' | cut -c1-40)" bash -c "$extra"
 done
 exit "$status"
