@@ -7,8 +7,9 @@ carries over between them):
     native_benchmark   torch.backends.cudnn.benchmark=True: PyTorch times engines on the first step
     native_heuristic   benchmark=False: cuDNN's heuristics, no timing
     cache_cold         cudnn_cache.convert(model), empty cache, miss policy 'tune': the first step tunes every
-                       convolution (with --settle, cudnn_cache.settle() then decides every key again in steady
-                       state, as scripts/warm_start.py --settle does); the cache is then saved to a temporary file
+                       convolution (with --settle, the default with --tuning exhaustive=1, cudnn_cache.settle()
+                       then decides every key again in steady state, as scripts/warm_start.py does); the cache is
+                       then saved to a temporary file
     cache_warm         a fresh process loads that file (timed), converts the model, sets miss policy 'error'
                        (a convolution the file does not cover fails loudly instead of tuning) and builds the
                        execution plans of the loaded entries with cudnn_cache.prepare() (timed) before the
@@ -142,8 +143,7 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         command += ["--audit", "--audit-repeats", str(args.audit_repeats)]
         if args.audit_rounds is not None:
             command += ["--audit-rounds", str(args.audit_rounds)]
-    if args.settle:
-        command.append("--settle")
+    command.append("--settle" if args.settle else "--no-settle")
     if args.profile_first:
         command.append("--profile-first")
     if args.prepare_in_background:
@@ -281,10 +281,11 @@ def parse_args(argv=None):
     parser.add_argument("--audit", action="store_true",
                         help="in cache_cold, after its timed steps and before its profiled ones, time every tuned key "
                              "against native's choices (cudnn_cache.audit)")
-    parser.add_argument("--settle", action="store_true",
+    parser.add_argument("--settle", action=argparse.BooleanOptionalAction,
                         help="in cache_cold, after its first step, decide every key again in steady state "
-                             "(cudnn_cache.settle, as scripts/warm_start.py --settle does): the JSON's settle holds "
-                             "its seconds and the keys it changed")
+                             "(cudnn_cache.settle, as scripts/warm_start.py does): the JSON's settle holds its "
+                             "seconds and the keys it changed (default: on with --tuning exhaustive=1, as "
+                             "warm_start.py --exhaustive settles)")
     parser.add_argument("--audit-repeats", type=int, default=1, metavar="N",
                         help="with --audit, audit N times in the cache_cold process: the report counts the keys "
                              "every audit found slower too (default 1)")
@@ -347,6 +348,8 @@ def parse_args(argv=None):
             parser.error(f"{mode} loads the file cache_cold writes: add cache_cold to --modes")
     args.workloads = list(dict.fromkeys(args.workloads))
     args.tuning = tuning_arguments(args.tuning, parser.error)
+    if args.settle is None:  # as scripts/warm_start.py decides it
+        args.settle = bool(args.tuning.get("exhaustive", False))
     args.json = args.json or args.output_dir / "bench.json"
     return args
 

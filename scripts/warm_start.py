@@ -11,7 +11,7 @@ entries accumulate across runs (and across models).
     python3 scripts/warm_start.py --torchscript model.pt --shape 3,32,32 --batch-size 7 --output model.cache
     torchrun --nproc-per-node 8 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 \\
         --output resnet50.cache
-    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive --settle \\
+    python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive \\
         --output resnet50.cache
     python3 scripts/warm_start.py --pending shapes.cache
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --deterministic \\
@@ -23,11 +23,13 @@ takes seconds, for CI or a one-off tuning job whose file every later run loads. 
 model again, whether or not the file holds it, and the save merges with the file (per key, the faster
 measurement of each candidate wins).
 
---settle decides every key again after the tuning steps, before the save (cudnn_cache.settle): each stored
-choice and native's two picks timed as cudnn_cache.audit times them, and a native pick the rounds show faster
-takes the stored choice's place; such an entry replaces the file's for its key in the save, where other entries
-merge. A search decides inside the step that missed, under the tuning's own load; keys of a few microseconds are
-where that shows (docs/PERFORMANCE.md, thirty-first: not yet measured on a network with this rule).
+--settle (the default with --exhaustive; --no-settle turns it off) decides every key again after the tuning
+steps, before the save (cudnn_cache.settle): each stored choice and native's two picks timed as
+cudnn_cache.audit times them, and a native pick the rounds show faster takes the stored choice's place; such an
+entry replaces the file's for its key in the save, where other entries merge. A search decides inside the step
+that missed, under the tuning's own load; keys of a few microseconds are where that shows. It takes a second or
+two; on an H100 it left no key slower than native in both of two audits where the unsettled file had 0-2, and
+the step's GPU time unchanged (docs/PERFORMANCE.md, thirty-fifth).
 
 --deterministic is for a file that deterministic training (torch.use_deterministic_algorithms, or
 cudnn.deterministic) will load: each search also settles the deterministic configs against native's deterministic
@@ -93,9 +95,10 @@ def parse_args(argv):
                              "--pending, FILE itself")
     parser.add_argument("--exhaustive", action="store_true",
                         help="time every engine config cuDNN offers, not the first ten (offline: minutes)")
-    parser.add_argument("--settle", action="store_true",
+    parser.add_argument("--settle", action=argparse.BooleanOptionalAction,
                         help="after the tuning steps, decide every key again in steady state (cudnn_cache.settle): "
-                             "a native pick the audit's rounds show faster takes the stored config's place")
+                             "a native pick the audit's rounds show faster takes the stored config's place "
+                             "(default: on with --exhaustive)")
     parser.add_argument("--deterministic", action="store_true",
                         help="for deterministic training: also settle the deterministic configs of each key against "
                              "native's deterministic picks (longer searches)")
@@ -105,6 +108,8 @@ def parse_args(argv):
     parser.add_argument("--device", default="cuda",
                         help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
     args = parser.parse_args(argv)
+    if args.settle is None:  # an exhaustive search is offline: a second or two more decides its keys where they run
+        args.settle = args.exhaustive
     if args.pending is not None:
         if args.shape or args.batch_size or args.exhaustive or args.channels_last:
             parser.error("--pending tunes the file's own keys: it takes no --shape, --batch-size, --exhaustive or "

@@ -809,11 +809,13 @@ def test_settle_cache_records_the_keys_it_changed():
     line = bench.describe({"workload": "seed", "first_s": 1.0, "wall_ms": {"median": 2.0, "lo": 1.9, "hi": 2.1},
                            "settle": dict(settled, seconds=0.4)})
     assert line.endswith("settled 1 of 2 keys to another config in 0.4 s")
-    # --settle reaches the case's process; without it nothing is settled.
-    args = bench.parse_args(["--tuning", "exhaustive=1", "--settle"])
-    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).settle
-    assert "--settle" not in bench.case_command("seed:cache_cold", bench.parse_args(["--tuning", "exhaustive=1"]),
-                                                None)
+    # Settling reaches the case's process, on by default with exhaustive tuning (as warm_start.py --exhaustive
+    # settles) and off by default without it; either default can be overridden.
+    for arguments, settles in ((["--tuning", "exhaustive=1"], True), (["--tuning", "exhaustive=0"], False), ([], False),
+                               (["--tuning", "exhaustive=1", "--no-settle"], False), (["--settle"], True)):
+        args = bench.parse_args(arguments)
+        assert args.settle == settles, arguments
+        assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).settle == settles, arguments
 
 
 @pytest.mark.gpu

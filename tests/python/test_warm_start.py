@@ -1,6 +1,6 @@
 """scripts/warm_start.py: its arguments, what it does without a GPU, and on a GPU the exhaustive search it runs
-with --exhaustive (more engine configs timed per key than the default search; with --settle every key decided
-again before the save) and the pending keys it tunes with --pending."""
+with --exhaustive (more engine configs timed per key than the default search, and every key settled again
+before the save) and the pending keys it tunes with --pending."""
 
 import pathlib
 import re
@@ -23,9 +23,15 @@ def test_arguments_take_exhaustive_and_repeated_shapes():
     assert args.exhaustive and args.shape == [(3, 32, 32), (3, 64, 64)] and args.batch_size == [2]
     assert not warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2",
                                       "--output", "x.cache"]).exhaustive
-    assert not args.settle
+    # --exhaustive settles unless told not to; the default search does not unless told to.
+    assert args.settle
+    assert not warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2",
+                                      "--output", "x.cache", "--exhaustive", "--no-settle"]).settle
+    assert not warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2",
+                                      "--output", "x.cache"]).settle
     assert warm_start.parse_args(["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2",
-                                  "--output", "x.cache", "--exhaustive", "--settle"]).settle
+                                  "--output", "x.cache", "--settle"]).settle
+    assert not warm_start.parse_args(["--pending", "shapes.cache"]).settle
     assert warm_start.parse_args(["--pending", "shapes.cache", "--settle"]).settle  # pending keys settle too
 
 
@@ -97,12 +103,13 @@ def test_exhaustive_times_more_engine_configs_per_key_than_the_default(cache_sta
     torch.manual_seed(0)
     model = cudnn_cache.convert(nn.Conv2d(16, 32, 3, padding=1, bias=False)).cuda()
     torch.jit.script(model).save(str(tmp_path / "model.pt"))
-    for name, extra in (("default", []), ("exhaustive", ["--exhaustive", "--settle"])):
+    for name, extra in (("default", []), ("exhaustive", ["--exhaustive"])):
         process = subprocess.run([sys.executable, str(SCRIPT), "--torchscript", str(tmp_path / "model.pt"),
                                   "--shape", "16,20,20", "--batch-size", "4", "--output", str(tmp_path / name),
                                   *extra], env=child_env, capture_output=True, text=True, timeout=600)
         assert process.returncode == 0, process.stderr[-3000:]
-        # --settle decides every key again in steady state before the save (cudnn_cache.settle).
+        # --exhaustive settles by default: every key decided again in steady state before the save
+        # (cudnn_cache.settle); the default search does not.
         assert (re.search(r"\d+ of 2 settled to another config in [\d.]+ s", process.stdout) is not None) == \
             (name == "exhaustive"), process.stdout
     x = torch.randn(4, 16, 20, 20, device="cuda")
