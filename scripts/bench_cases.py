@@ -365,7 +365,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
     if preparation is not None:
         result["prepared_plans"] = preparation.wait()
     if mode_name == "cache_cold" and device.type == "cuda" and args.settle:
-        result["settle"] = settle_cache(cache)  # as scripts/warm_start.py --settle does after its steps
+        result["settle"] = settle_cache(cache)  # as scripts/warm_start.py does after its steps
     if args.warmup > 0:  # the first warm-up step, timed alone: what only the first step pays is first_s - second_s
         result["second_s"] = timed(step, device)
     for _ in range(args.warmup - 1):

@@ -422,6 +422,25 @@ def audit_table(cases: List[dict]) -> List[str]:
                           "worst key ratio", "audit time", "rounds"], rows)
 
 
+def settle_table(cases: List[dict]) -> List[str]:
+    """The keys cudnn_cache.settle() decided again in each cache_cold process (bench.py --settle, the default with
+    --tuning exhaustive=1), and those it moved to another config."""
+    settled = [c for c in cases if "settle" in c]
+    if not settled:
+        return []
+    lines = ["", "## Settled in steady state", "", "cudnn_cache.settle() in cache_cold's process, after its first "
+             "step (Note [Settling in steady state]): each tuned key's stored config and native's two picks timed "
+             "as the audit times them, and a native pick the rounds show faster takes the stored config's place. "
+             "The steps timed after it, the audit and the saved file (which cache_warm loads) have the settled "
+             "choices.", ""]
+    rows = [[workload_label(c["workload"]), str(c["settle"]["keys"]), str(c["settle"]["changed"]),
+             f"{c['settle']['seconds']:.2f} s"] for c in settled]
+    lines += table(["workload", "keys", "changed", "settle time"], rows)
+    changes = [f"- {workload_label(c['workload'])}, {change['key']}: {change['from']} -> {change['to']}"
+               for c in settled for change in c["settle"]["changes"]]
+    return lines + (["", *changes] if changes else [])
+
+
 def overhead_table(overhead: Optional[dict]) -> List[str]:
     if overhead is None:
         return []
@@ -508,6 +527,7 @@ def markdown(report: dict) -> str:
     lines += table(STEADY_COLUMNS, [steady_row(case) for case in report["cases"]])
     lines += interleaved_table(report)
     lines += audit_table(report["cases"])
+    lines += settle_table(report["cases"])
     lines += overhead_table(report.get("overhead"))
     lines += targets_table(report.get("targets", []))
     lines += ["", "## Notes", ""] + [f"- {note}" for note in report["notes"]]

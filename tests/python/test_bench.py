@@ -809,6 +809,15 @@ def test_settle_cache_records_the_keys_it_changed():
     line = bench.describe({"workload": "seed", "first_s": 1.0, "wall_ms": {"median": 2.0, "lo": 1.9, "hi": 2.1},
                            "settle": dict(settled, seconds=0.4)})
     assert line.endswith("settled 1 of 2 keys to another config in 0.4 s")
+    # The report lists each settled case's keys and the changes, and has no such section where nothing settled.
+    lines = bench_report.settle_table([{"workload": "seed", "mode": "cache_cold", "settle": settled},
+                                       {"workload": "seed", "mode": "cache_warm"}])
+    text = "\n".join(lines)
+    assert "\n## Settled in steady state\n" in text
+    assert table_rows(text)[2:] == [[" two-conv model of the seed (bs7, 32x32) ", " 2 ", " 1 ",
+                                     f" {settled['seconds']:.2f} s "]]
+    assert "- two-conv model of the seed (bs7, 32x32), " + change["key"] + ": engine 1 -> engine 2" in lines
+    assert bench_report.settle_table([{"workload": "seed", "mode": "cache_cold"}]) == []
     # Settling reaches the case's process, on by default with exhaustive tuning (as warm_start.py --exhaustive
     # settles) and off by default without it; either default can be overridden.
     for arguments, settles in ((["--tuning", "exhaustive=1"], True), (["--tuning", "exhaustive=0"], False), ([], False),
@@ -816,6 +825,16 @@ def test_settle_cache_records_the_keys_it_changed():
         args = bench.parse_args(arguments)
         assert args.settle == settles, arguments
         assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).settle == settles, arguments
+
+
+def test_the_report_shows_settling_where_a_cold_case_settled(tmp_path):
+    report = synthetic_report()
+    assert "## Settled in steady state" not in bench.write_reports(report, tmp_path / "a.json", tmp_path)
+    cold = next(c for c in report["cases"] if c["mode"] == "cache_cold" and c["workload"] == "seed")
+    cold["settle"] = {"seconds": 0.25, "keys": 6, "changed": 0, "changes": []}
+    markdown = bench.write_reports(report, tmp_path / "b.json", tmp_path)
+    assert table_rows(section(markdown, "Settled in steady state"))[2:] == [
+        [" two-conv model of the seed (bs7, 32x32) ", " 6 ", " 0 ", " 0.25 s "]]
 
 
 @pytest.mark.gpu
