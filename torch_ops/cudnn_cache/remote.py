@@ -372,20 +372,22 @@ class Remote:
             if held == blob:
                 report.unchanged += 1
             else:
-                self._call(f"wrote {name}", lambda: self._merge_one(name, origin, blob, report, name in replacing))
+                overwrite = name in replacing
+                self._call(f"wrote {name}", lambda: self._merge_one(name, origin, blob, report, overwrite))
         report.seconds = time.perf_counter() - started
         return report
 
-    def _merge_one(self, name: str, origin: str, blob: bytes, report: PushReport, replace: bool = False) -> None:
-        # Two round trips: WATCH with the read, then the transaction, which the server drops (EXEC answers nil)
-        # when another writer wrote the key since the WATCH; then it is read and merged again.
+    def _merge_one(self, name: str, origin: str, blob: bytes, report: PushReport, overwrite: bool = False) -> None:
+        # `overwrite` writes `blob` in place of the server's copy, unmerged (an entry settle() changed). Two round
+        # trips: WATCH with the read, then the transaction, which the server drops (EXEC answers nil) when another
+        # writer wrote the key since the WATCH; then it is read and merged again.
         key = self._entry_key(name)
         tag = name.split(":", 1)[0]
         connection = self._connection
         for _ in range(_WRITE_ATTEMPTS):
             _, held = connection.checked(connection.pipeline([("WATCH", key), ("GET", key)]))
-            replaced = False
-            if held is None or replace:
+            replaced = False  # whether the server's copy failed its checks and ours took its place
+            if held is None or overwrite:
                 new = blob
             else:
                 new, refused = merge([held, blob], [name, name], f"remote store {self.name}")
