@@ -77,8 +77,8 @@ ONCE_PER_PROCESS = ("first_s", "second_s", "import_s", "load_s", "prepare_s", "w
 def merge_rounds(rounds: List[dict]) -> dict:
     """One case of a workload and mode from its rounds' results (--rounds; each round a fresh process, the rounds
     of a workload's modes taken in turn): the first round's result, with each once-per-process figure the median
-    over the rounds (their values in `rounds`, the first step's lowest and highest in `first_s_range`) and the
-    steady clocks over every round's steps (a GPU clock none where a round did not measure it). A round that
+    over the rounds (their values in `rounds`, with each round's own steady median, for round_ratios; the first
+    step's lowest and highest in `first_s_range`) and the steady clocks over every round's steps (a GPU clock none where a round did not measure it). A round that
     failed makes the case failed, naming the round."""
     if len(rounds) == 1:
         return rounds[0]
@@ -86,7 +86,8 @@ def merge_rounds(rounds: List[dict]) -> dict:
         if "error" in result:
             return dict(result, error=f"round {number} of {len(rounds)}: {result['error']}")
     case = dict(rounds[0])
-    case["rounds"] = [{key: result.get(key) for key in ONCE_PER_PROCESS if key in result} for result in rounds]
+    case["rounds"] = [{key: result.get(key) for key in (*ONCE_PER_PROCESS, "steady_ms") if key in result}
+                      for result in rounds]
     for key in ONCE_PER_PROCESS:
         values = [result.get(key) for result in rounds]
         if key in case and None not in values:
@@ -101,6 +102,18 @@ def merge_rounds(rounds: List[dict]) -> dict:
         case[f"{clock}_steps_ms"] = None if None in steps else [step for some in steps for step in some]
         case[f"{clock}_ms"] = None if None in steps else median_interval(case[f"{clock}_steps_ms"])
     return case
+
+
+def round_ratios(case: Optional[dict], reference: Optional[dict]) -> Optional[List[float]]:
+    """With --rounds, the steady step of `case` ÷ that of `reference` in each round: the two ran in turn in every
+    round, each a fresh process, so a round's ratio pairs processes that ran minutes apart at most, where the
+    pooled intervals also hold whatever changed on the machine between rounds. None with one round, or where
+    either case lacks a round's steady median."""
+    rounds = [(case or {}).get("rounds"), (reference or {}).get("rounds")]
+    if None in rounds or len(rounds[0]) < 2 or len(rounds[0]) != len(rounds[1]):
+        return None
+    pairs = [(mine.get("steady_ms"), theirs.get("steady_ms")) for mine, theirs in zip(*rounds)]
+    return None if any(None in pair for pair in pairs) else [mine / theirs for mine, theirs in pairs]
 
 
 def add_derived(cases: List[dict]) -> None:
@@ -139,14 +152,19 @@ def check_targets(report: dict) -> List[dict]:
 
     The wall-clock steady targets (warm against either native, cold against warm) compare medians and also carry
     intervals_overlap, whether the 95% intervals of the two steady steps overlap: a median above the limit is a
-    loss (met False) only when they do not (see wall_loss); the stretch is judged on the medians alone."""
+    loss (met False) only when they do not (see wall_loss); the stretch is judged on the medians alone. With
+    --rounds, cold against warm is paired by round instead: its value is the median of the rounds' ratios
+    (round_ratios, kept in the row), met when that is within the limit."""
     ok, targets = successful(report["cases"]), []
     ran = ok.keys() | failed_cases(report["cases"])  # (workload, mode) of every case that ran, failed or not
 
-    def target(workload, text, value, limit, unit, stretch_limit=None, overlap=None):
+    def target(workload, text, value, limit, unit, stretch_limit=None, overlap=None, per_round=None):
         row = {"workload": workload, "target": text, "value": value, "limit": limit, "unit": unit,
                "met": None if value is None or limit is None else value <= limit or bool(overlap)}
-        if overlap is not None:
+        if per_round is not None:  # paired by round (round_ratios): the median of the rounds' ratios
+            row.update(round_ratios=per_round, value=statistics.median(per_round))
+            row["met"] = row["value"] <= limit
+        elif overlap is not None:
             row["intervals_overlap"] = overlap
         if stretch_limit is not None:
             row.update(stretch_limit=stretch_limit, stretch_met=None if value is None else value <= stretch_limit)
@@ -197,7 +215,8 @@ def check_targets(report: dict) -> List[dict]:
                        "compiles engines too)", get("cache_cold", "first_s"), get("native_heuristic", "first_s"), "s")
         target(workload, f"cold steady ÷ warm steady ≤ {TARGET_TUNING_PROCESS_RATIO:.2f} (the tuning process at warm "
                "speed)", ratio(get("cache_cold", "steady_ms"), warm_steady), TARGET_TUNING_PROCESS_RATIO, "ratio",
-               overlap=overlap(get("cache_cold", "wall_ms"), warm_wall))
+               overlap=overlap(get("cache_cold", "wall_ms"), warm_wall),
+               per_round=round_ratios(ok.get((workload, "cache_cold")), ok.get((workload, "cache_warm"))))
         if (workload, "cache_intercept") in ran:
             target(workload, f"intercepted steady ÷ converted (cache_warm) steady ≤ {TARGET_INTERCEPT_RATIO:.2f}, "
                    "tuning nothing", intercept_ratio(ok, workload), TARGET_INTERCEPT_RATIO, "ratio")
@@ -498,6 +517,8 @@ def targets_table(targets: List[dict]) -> List[str]:
         verdict = verdicts[t["met"]]
         if t.get("intervals_overlap") is not None and t["met"] is not None and t["value"] > t["limit"]:
             verdict += " (median above, intervals overlap)" if t["intervals_overlap"] else " (intervals apart)"
+        if t.get("round_ratios"):
+            verdict += f" (median of the rounds' ratios: {', '.join(f'{r:.2f}' for r in t['round_ratios'])})"
         if "stretch_limit" in t:
             verdict += f"; stretch {t['stretch_limit']:.2f}: {verdicts[t['stretch_met']]}"
         label = "host overhead" if t["workload"] == OVERHEAD else workload_label(t["workload"])
@@ -593,7 +614,10 @@ def notes(settings: dict) -> List[str]:
                      "process measures once (first step, load, prepare, warm start, tuning) are medians over the "
                      "rounds, with the first step's lowest and highest in parentheses; the targets judge the "
                      "medians. The steady clocks are taken over every round's steps; the counters are the first "
-                     "round's.")
+                     "round's. cold steady ÷ warm steady is paired by round: each round's cache_cold steady median "
+                     "÷ its cache_warm's (the two ran one after the other), and the target judges the median of "
+                     "those ratios, not the pooled intervals, which also hold what changed on the machine "
+                     "between rounds.")
     if settings["device"] == "cpu":
         lines.append("--device cpu: no cuDNN, so prepare() is not called: prepare_s and prepared_plans are null, "
                      "and warm start counts prepare as 0 s.")

@@ -502,6 +502,33 @@ def test_rounds_run_each_workloads_modes_in_turn_and_report_medians_with_their_r
     assert rows[2] == "14.00 s (11.00-15.00, 3 rounds)"
 
 
+def test_the_tuning_process_target_pairs_cold_and_warm_by_round():
+    def rounds(mode, steadies):
+        return bench_report.merge_rounds([{"workload": "seed", "mode": mode, "first_s": 1.0, "steps_ms": [steady] * 10,
+                                           "steady_ms": steady} for steady in steadies])
+
+    # cache_cold 5% behind cache_warm in the two rounds where the machine was slow, level in the fast one. Pooled,
+    # the fast round stretches both intervals down until they overlap, which alone would pass the target.
+    cold, warm = rounds("cache_cold", [10.5, 10.5, 7.0]), rounds("cache_warm", [10.0, 10.0, 7.0])
+    assert [r["steady_ms"] for r in cold["rounds"]] == [10.5, 10.5, 7.0]
+    assert bench_stats.intervals_overlap(cold["wall_ms"], warm["wall_ms"])
+    assert bench_report.round_ratios(cold, warm) == pytest.approx([1.05, 1.05, 1.0])
+    report = {"cases": [cold, warm], "settings": {}}
+    (process,) = [t for t in bench_report.check_targets(report) if t["target"].startswith("cold steady ÷ warm")]
+    assert process["value"] == pytest.approx(1.05) and process["met"] is False and "intervals_overlap" not in process
+    assert process["round_ratios"] == pytest.approx([1.05, 1.05, 1.0])
+    (row,) = [line for line in bench_report.targets_table([process]) if "cold steady" in line]
+    assert row.endswith("| missed (median of the rounds' ratios: 1.05, 1.05, 1.00) |")
+    # Level in two rounds of three: met, whatever one round showed.
+    cold = rounds("cache_cold", [10.0, 14.0, 7.0])
+    (process,) = [t for t in bench_report.check_targets({"cases": [cold, warm], "settings": {}})
+                  if t["target"].startswith("cold steady ÷ warm")]
+    assert process["value"] == pytest.approx(1.0) and process["met"] is True
+    # One round, or a case without the rounds' steady medians (a report of an earlier version): the pooled rule.
+    assert bench_report.round_ratios(rounds("cache_cold", [10.0]), rounds("cache_warm", [10.0])) is None
+    assert bench_report.round_ratios(dict(cold, rounds=[{}, {}, {}]), warm) is None
+
+
 def test_a_cases_line_gives_its_graph_replays_or_why_it_has_none():
     case = {"workload": "seed", "first_s": 1.0, "wall_ms": {"median": 2.0, "lo": 1.9, "hi": 2.1}}
     assert "graph" not in bench.describe(case)  # on the CPU, and in runs before graph replays were timed
