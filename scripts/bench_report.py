@@ -78,8 +78,8 @@ def merge_rounds(rounds: List[dict]) -> dict:
     """One case of a workload and mode from its rounds' results (--rounds; each round a fresh process, the rounds
     of a workload's modes taken in turn): the first round's result, with each once-per-process figure the median
     over the rounds (their values in `rounds`, with each round's own steady median, for round_ratios; the first
-    step's lowest and highest in `first_s_range`) and the steady clocks over every round's steps (a GPU clock none where a round did not measure it). A round that
-    failed makes the case failed, naming the round."""
+    step's lowest and highest in `first_s_range`) and the steady clocks over every round's steps (a GPU clock none
+    where a round did not measure it). A round that failed makes the case failed, naming the round."""
     if len(rounds) == 1:
         return rounds[0]
     for number, result in enumerate(rounds, 1):
