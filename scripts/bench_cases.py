@@ -602,7 +602,21 @@ def gpu_time_per_step(step: Callable[[], None], device: torch.device,
 # kernels and copies back to back, with the host out of the way, so it is the GPU's time for the step, gaps
 # between kernels included; it is measured before the profiler attaches CUPTI. A step that cannot be captured (a host
 # synchronization, an operator CUDA graphs do not support) has no graph_ms, and graph_error says why.
+# A capture that fails leaves PyTorch's default CUDA generator marked as capturing (torch 2.11 marks it when a
+# capture begins and clears the mark only when one ends well), and every random op after it raises "Offset
+# increment outside graph capture encountered unexpectedly": seen on the H100 on 2026-12-07, where the test of a
+# step that cannot be captured made 40 later tests of its process fail. So a failed capture is followed by one
+# that succeeds (end_failed_capture), which clears the mark.
 GRAPH_WARMUP = 3  # steps on the side stream before the capture, and replays before the timed ones
+
+
+def end_failed_capture(stream: torch.cuda.Stream) -> None:
+    """Clears what a failed CUDA graph capture on `stream` left set in the default CUDA generator (Note [GPU time
+    without a profiler]): captures one fill on `stream` and drops that graph."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        torch.zeros(1, device=stream.device)
+    graph.reset()
 
 
 def graph_time_per_step(step: Callable[[], None], device: torch.device,
@@ -613,6 +627,7 @@ def graph_time_per_step(step: Callable[[], None], device: torch.device,
     if device.type != "cuda":
         return None, None
     graph = torch.cuda.CUDAGraph()
+    capturing = False  # from the capture's start until it ends well
     try:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -622,8 +637,10 @@ def graph_time_per_step(step: Callable[[], None], device: torch.device,
         torch.cuda.current_stream(device).wait_stream(side)
         # Captured on the stream the warm-up ran on: what a library sets up per stream (cuBLAS's workspace, a
         # handle's stream) is set up before the capture.
+        capturing = True
         with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             step()
+        capturing = False
         for _ in range(GRAPH_WARMUP):
             graph.replay()
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
@@ -635,6 +652,8 @@ def graph_time_per_step(step: Callable[[], None], device: torch.device,
         return [start.elapsed_time(end) for start, end in events], None
     except Exception as error:  # noqa: BLE001 - the case goes on without this clock, and says why
         synchronize(device)
+        if capturing:
+            end_failed_capture(side)
         return None, f"{type(error).__name__}: {error}".splitlines()[0][:300]
     finally:
         graph.reset()  # its memory pool goes back to the allocator before the profiled steps
