@@ -159,12 +159,13 @@ def check_targets(report: dict) -> List[dict]:
     ran = ok.keys() | failed_cases(report["cases"])  # (workload, mode) of every case that ran, failed or not
 
     def target(workload, text, value, limit, unit, stretch_limit=None, overlap=None, per_round=None):
+        if per_round is not None:  # paired by round (round_ratios): the median of the rounds' ratios, no intervals
+            value, overlap = statistics.median(per_round), None
         row = {"workload": workload, "target": text, "value": value, "limit": limit, "unit": unit,
                "met": None if value is None or limit is None else value <= limit or bool(overlap)}
-        if per_round is not None:  # paired by round (round_ratios): the median of the rounds' ratios
-            row.update(round_ratios=per_round, value=statistics.median(per_round))
-            row["met"] = row["value"] <= limit
-        elif overlap is not None:
+        if per_round is not None:
+            row["round_ratios"] = per_round
+        if overlap is not None:
             row["intervals_overlap"] = overlap
         if stretch_limit is not None:
             row.update(stretch_limit=stretch_limit, stretch_met=None if value is None else value <= stretch_limit)
