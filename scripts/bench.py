@@ -30,8 +30,7 @@ The cache modes run through the backend --backend names (cudnn_cache.set_backend
 cuDNN graph-API engine configs, 'legacy' replays cudnnConvolution*Algo_t.
 
 A training step is model.zero_grad(set_to_none=True), forward, loss = output.float().sum(), backward (no
-optimizer step; the same in every mode), with the input requiring grad, as in the baseline measurement
-(../shared/context/baseline_autotune.py, results in ../shared/context/MEASURED.md). Before the first step each
+optimizer step; the same in every mode), with the input requiring grad. Before the first step each
 process initialises CUDA, cuBLAS and cuDNN on an unrelated tiny convolution, so the first step measures
 tuning and per-shape set-up only. Per case it reports the first step (s, synchronized) and the second (the
 first warm-up step, timed alone: first minus second is what only a first step pays), the wall-clock time of

@@ -16,8 +16,10 @@
 //   run(ready, c, buffers, alloc)  runs candidate c made ready; "" when it ran, else why it could not (a
 //                           fallback). A Ready may run again, on later calls (Note [Each thread's own hits])
 //   borrow(ranking)         what of another key's ranking this key may run (the nearest miss policy)
-// The legacy backend also gives cuDNN's heuristic order, the last resort of both (heuristics()).
+// The graph backend also gives native heuristics' own choice, what an untuned miss runs (native_choice()), and
+// the legacy backend cuDNN's heuristic order, the last resort of both (heuristics()).
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +31,7 @@
 #include "cudnn_cache/descriptors.h"
 #include "cudnn_cache/graph.h"
 #include "cudnn_cache/runtime.h"
+#include "elapsed.h"
 #include "plan_cache.h"
 
 namespace cudnn_cache {
@@ -167,6 +170,16 @@ class GraphBackend {
       if ((config.behavior_notes & EngineCandidate::kRuntimeCompiled) == 0) kept.push_back(config);
     }
     return Ranking<GraphTraits<D>>::of(kept.begin(), kept.end());
+  }
+
+  // Native heuristics' own choice for the key, its plan kept in the plan cache: what an untuned miss runs (Note
+  // [Native heuristics' choice] in runtime.h). Empty when no config of heuristics' list builds for it.
+  Ranking<GraphTraits<D>> native_choice(bool deterministic, bool compile, std::uint64_t max_workspace_bytes) {
+    const auto started = std::chrono::steady_clock::now();
+    std::optional<HeuristicChoice> choice = heuristic_choice(handle_, key_, deterministic, compile, max_workspace_bytes);
+    if (!choice) return {};
+    plans_.keep(device_, key_, choice->config, std::move(choice->plan), microseconds_since(started));
+    return Ranking<GraphTraits<D>>::of({choice->config});
   }
 
   // The config's plan, from the plan cache (made on first use), or cuDNN's refusal to build one.

@@ -341,6 +341,14 @@ std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKe
   return graph;
 }
 
+std::int64_t build_at(Graph& graph, std::int64_t index) {
+  try {
+    return graph.build_plan_at_index(index).is_good() ? index : -1;
+  } catch (const std::exception&) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+    return -1;
+  }
+}
+
 // The first `count` configs of heuristics mode B that mode A ranks differently. Mode B costs more CPU time
 // per query, so it only adds candidates; an error (mode B does not support every graph) adds none.
 std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count) {
@@ -427,6 +435,33 @@ void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers,
   fe::error_t status = graph_->execute(handle, pack.data(), static_cast<int>(pack.size()), workspace);
   CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: execute failed (", status.get_message(), ") for a ",
                       to_string(direction_), " plan");
+}
+
+std::optional<HeuristicChoice> heuristic_choice(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic,
+                                                bool compile, std::uint64_t max_workspace_bytes) {
+  std::shared_ptr<Graph> graph;
+  try {
+    graph = heuristic_graph(handle, key, deterministic);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const std::int64_t listed = graph->get_execution_plan_count();
+  for (std::int64_t index = 0; index < listed; ++index) {
+    std::vector<fe::BehaviorNote_t> notes;
+    if (!compile && (graph->get_behavior_notes_for_plan_at_index(index, notes).is_bad() ||
+                     std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end())) {
+      continue;
+    }
+    if (build_at(*graph, index) < 0) continue;
+    std::optional<EngineCandidate> config = describe_plan(*graph, index, listed);
+    if (!config || config->workspace_bytes > max_workspace_bytes) continue;
+    const auto direction = static_cast<Direction>(key.direction);
+    // The graph keeps heuristics' whole list, of which only this plan is built: the list is what a config
+    // stored by its position is made again from, and costs descriptors, not device memory.
+    auto plan = std::shared_ptr<const GraphPlan>(new GraphPlan(direction, graph, config->workspace_bytes, {}));
+    return HeuristicChoice{*config, std::move(plan)};
+  }
+  return std::nullopt;
 }
 
 std::string check_graph(const ConvolutionKey& key) {

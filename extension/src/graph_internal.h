@@ -140,6 +140,9 @@ std::int64_t add_plan(Graph& graph, const EngineCandidate& config);
 // The operation graph with the configs of heuristics mode A and the fallback list, in that order.
 std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic);
 
+// `index` if the graph's plan there builds (which selects it), else -1.
+std::int64_t build_at(Graph& graph, std::int64_t index);
+
 // The first `count` configs of heuristics mode B that mode A ranks differently.
 std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count);
 

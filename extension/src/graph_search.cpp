@@ -98,15 +98,6 @@ std::optional<EngineCandidate> describe_built(const BuiltPlan& plan, Graph& list
   return config;
 }
 
-// `index` if the graph's plan there builds, else -1.
-std::int64_t build_at(Graph& graph, std::int64_t index) {
-  try {
-    return graph.build_plan_at_index(index).is_good() ? index : -1;
-  } catch (const std::exception&) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
-    return -1;
-  }
-}
-
 // The plan at `index` of a heuristic_graph of its own, built (its index is -1 where it does not build); no graph
 // where the plan at that index is not named `name`, or the graph cannot be made. What a worker builds in its own
 // process, and a builder process for it (run_plan_builder).

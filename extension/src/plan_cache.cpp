@@ -61,6 +61,14 @@ void PlanCache::adopt(cudnnHandle_t handle, int device, const ConvolutionKey& ke
          std::make_shared<const Entry>(remade ? std::move(remade) : std::move(searched), ""));
 }
 
+PlanCache::Shared PlanCache::keep(int device, const ConvolutionKey& key, const EngineCandidate& config,
+                                  std::shared_ptr<const GraphPlan> built, std::uint64_t us) {
+  ++plans_built;
+  build_us += us;
+  debug("plan built in ", us / 1000.0, " ms from heuristics' list: ", to_string(config), " for ", key);
+  return insert(Slot{device, key, config}, std::make_shared<const Entry>(std::move(built), ""));
+}
+
 void PlanCache::set_limit(std::size_t limit) {
   std::vector<Shared> evicted;  // declared first: let go of after the lock is released
   std::unique_lock lock(mutex_);

@@ -85,6 +85,12 @@ class PlanCache {
   void adopt(cudnnHandle_t handle, int device, const ConvolutionKey& key, const EngineCandidate& config,
              std::shared_ptr<const GraphPlan> searched, PlanStore& stored);
 
+  // Keeps `built`, a plan of `config` for `key` that the caller built in `us` microseconds (native heuristics'
+  // choice, built from heuristics' list: Note [Native heuristics' choice] in runtime.h), counted among the plans
+  // built. Returns the entry kept (another thread's, if it stored the slot first).
+  Shared keep(int device, const ConvolutionKey& key, const EngineCandidate& config,
+              std::shared_ptr<const GraphPlan> built, std::uint64_t us);
+
   // At most how many entries are kept (0: no bound); see Note [Plan cache]. A lower limit evicts at once, as
   // an insert over it would.
   void set_limit(std::size_t limit);

@@ -486,7 +486,7 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
   const Found<Traits> found = lookup<Traits>(handle, device, cache, key, backend, buffers, allocate, deterministic);
   std::string why_not;  // why the cached candidates did not run, when they did not
   if constexpr (is_graph<Traits>) {  // Note [Deterministic calls]
-    if (deterministic && found.ranking &&
+    if (deterministic && found.ranking && !found.lent &&
         std::none_of(found.ranking->begin(), found.ranking->end(),
                      [](const EngineCandidate& config) { return config.deterministic(); })) {
       return run<Legacy>(handle, device, key, buffers, allocate, true);
@@ -506,6 +506,14 @@ void Runtime::run(cudnnHandle_t handle, int device, const ConvolutionKey& key, c
     }
   }
   if constexpr (is_graph<Traits>) {
+    if (!found.ranking || found.lent) {  // nothing tuned for the key: Note [Native heuristics' choice]
+      auto chosen = std::make_shared<const Ranking<Traits>>(
+          backend.native_choice(deterministic, !capturing(handle), constraints.workspace_limit));
+      if (walk(backend, *chosen, true, buffers, bounded.get(), constraints).ran) {
+        cache.lend(key, std::move(chosen));
+        return;
+      }
+    }
     LegacyBackend<Legacy> legacy(handle, key);
     run_heuristics(legacy, key, buffers, bounded.get(), constraints, why_not);
   } else {
@@ -564,13 +572,13 @@ Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCac
   }
   ++misses_;
   MissPolicy policy = miss_policy();
-  if (policy == MissPolicy::nearest) {  // a key lent before runs what it was lent, at the cost of a lookup
-    if (auto lent = cache.lent(key)) return {std::move(lent), true};
-  }
   const bool deferred = policy == MissPolicy::tune && capturing(handle);
   if (deferred) {
     ++capture_misses_;
     policy = MissPolicy::record;
+  }
+  if (policy != MissPolicy::tune && policy != MissPolicy::error) {  // a key lent before runs what it was lent
+    if (auto lent = cache.lent(key)) return {std::move(lent), true};
   }
   if (logs(LogLevel::debug)) {
     log(LogLevel::debug, detail::concat("miss (policy '", to_string(policy), "'",

@@ -343,7 +343,7 @@ TEST_CASE("a stored engine config cuDNN refuses falls back, is counted, and the 
 namespace {
 
 // A 5x5 depthwise convolution in bf16 channels-last, of a size MobileNet-like networks have: the kind cuDNN
-// compiles engines for at run time (../shared/context/MEASURED.md).
+// compiles engines for at run time (their plans carry the RUNTIME_COMPILATION behavior note).
 Problem depthwise_problem(std::int32_t batch) {
   return {"2-D NHWC bf16 depthwise 5x5",
           key_of(CUDNN_DATA_BFLOAT16, Layout::nhwc, {batch, 240, 14, 14}, {240, 1, 5, 5}, {batch, 240, 14, 14},

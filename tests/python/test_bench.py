@@ -23,8 +23,8 @@ import bench_cases  # noqa: E402
 import bench_report  # noqa: E402
 import bench_stats  # noqa: E402
 
-# workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms), from MEASURED.md
-# (MobileNetV2's made up)
+# workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms): figures of the order
+# an H100 measures, made up for the report's tests
 NATIVE = {
     "resnet50_fp32": (16.07, 29.9, 0.47, 24.9),
     "resnet50_bf16_cl": (13.55, 24.2, 0.74, 27.5),

@@ -3,6 +3,7 @@ groups, stride and dilation, transposed or not, through the graph backend (the d
 determinism; warm start in a fresh process; the miss policies; query, fill and prepare; and a TorchScript
 model that trains. Every test is marked gpu (skipped without CUDA)."""
 
+import collections
 import contextlib
 import copy
 import json
@@ -19,7 +20,7 @@ from torch import nn
 
 import cudnn_cache
 from cudnn_cache import distributed
-from conftest import through, uses_cache
+from conftest import intercepting, through, uses_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -452,13 +453,18 @@ def test_nearest_runs_a_neighbours_choice_untimed_and_leaves_the_key_pending(bac
     after = cudnn_cache.stats()
     assert after["tunes"] == 0 and after["fallbacks"] == 0 and after["lent"] == 3 and after["misses"] == 3
     assert cudnn_cache.size() == 3 and len(distributed.recorded_misses()) == 3
-    if backend == "graph":  # heuristics run through the legacy API: a plan built is a lent config's
+    if backend == "graph":  # a lent config's plan is built for the new key
         assert after["plans_built"] > 0
     train_nearest_case(8, 12, seed=4)  # lent once: the second pass asks for nothing and builds nothing
     again = cudnn_cache.stats()
     assert again["lent"] == 3 and again["misses"] == 6 and again["plans_built"] == after["plans_built"]
-    train_nearest_case(2, 12, channels=4)  # no tuned size of this convolution: heuristics, lent nothing
+    train_nearest_case(2, 12, channels=4)  # no tuned size of this convolution: native heuristics' choice
     assert cudnn_cache.stats()["lent"] == 6 and cudnn_cache.stats()["fallbacks"] == 0
+    if backend == "graph":  # its plans are built once, on the first call, and kept for the next
+        built = cudnn_cache.stats()["plans_built"]
+        assert built == again["plans_built"] + 3
+        train_nearest_case(2, 12, channels=4, seed=8)
+        assert cudnn_cache.stats()["plans_built"] == built
     assert len(distributed.recorded_misses()) == 6
     assert cudnn_cache.tune_pending() == 6 and cudnn_cache.size() == 9
     cudnn_cache.reset_stats()
@@ -467,8 +473,9 @@ def test_nearest_runs_a_neighbours_choice_untimed_and_leaves_the_key_pending(bac
 
 
 def test_nearest_runs_heuristics_when_no_borrowed_config_builds_for_the_key(tmp_path):
-    """The neighbour's configs are edited to an engine no cuDNN has: the new key's call falls to the
-    heuristics, correct and without a fallback counted (nothing was cached for it)."""
+    """The neighbour's configs are edited to an engine no cuDNN has: the new key's call falls to native
+    heuristics' choice (one plan built per key, through the graph API), correct and without a fallback counted
+    (nothing was cached for it)."""
     train_nearest_case(4, 16)
     path = tmp_path / "tuned.cache"
     cudnn_cache.save(str(path))
@@ -490,7 +497,7 @@ def test_nearest_runs_heuristics_when_no_borrowed_config_builds_for_the_key(tmp_
     cudnn_cache.reset_stats()
     train_nearest_case(8, 12, seed=2)
     stats = cudnn_cache.stats()
-    assert stats["lent"] == 3 and stats["fallbacks"] == 0 and stats["tunes"] == 0 and stats["plans_built"] == 0
+    assert stats["lent"] == 3 and stats["fallbacks"] == 0 and stats["tunes"] == 0 and stats["plans_built"] == 3
 
 def test_error_policy_names_the_missing_key():
     cudnn_cache.set_miss_policy("error")
@@ -507,6 +514,51 @@ def test_heuristic_policy_runs_without_storing():
     torch.testing.assert_close(ops.convolution(x, w, None, [1], [1], [1], 1), F.conv2d(x, w, padding=1))
     stats = cudnn_cache.stats()
     assert stats["misses"] == 1 and stats["tunes"] == 0 and cudnn_cache.size() == 0
+
+
+def cudnn_kernels(step) -> collections.Counter:
+    """The CUDA kernels one call of step() launches that are not ATen's own (cuDNN's, by name), counted; step()
+    runs twice before, so that what a first call builds is built."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        step()
+        torch.cuda.synchronize()
+    return collections.Counter(event.name for event in profiler.events()
+                               if event.device_type == torch.autograd.DeviceType.CUDA
+                               and not event.name.startswith(("void at::", "at::", "Memset", "Memcpy")))
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "record", "nearest"])
+def test_untuned_misses_run_the_kernels_native_heuristics_run(policy):
+    """Note [Native heuristics' choice]: with nothing tuned, a training step of TF32, bf16 channels_last and
+    depthwise convolutions, intercepted under each untuned miss policy, launches exactly the cuDNN kernels
+    PyTorch launches with cudnn.benchmark off (the same kernels: the same GPU time), and builds each key's plan
+    once, on its first call."""
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(0)
+    fp32 = nn.Conv2d(64, 64, 3, padding=1).cuda()
+    bf16 = nn.Sequential(nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.Conv2d(128, 128, 3, padding=1, groups=128),
+                         nn.Conv2d(128, 64, 1)).to("cuda", torch.bfloat16, memory_format=torch.channels_last)
+    x = randn(8, 64, 28, 28).requires_grad_()
+    y = randn(8, 64, 28, 28, dtype=torch.bfloat16, memory_format=torch.channels_last).requires_grad_()
+
+    def step():
+        fp32(x).sum().backward()
+        bf16(y).float().sum().backward()
+
+    native = cudnn_kernels(step)
+    assert native, "the profiler recorded no cuDNN kernel"
+    cudnn_cache.set_miss_policy(policy)
+    with intercepting(True):
+        ours = cudnn_kernels(step)
+    stats = cudnn_cache.stats()
+    assert stats["plans_built"] >= 3 and stats["misses"] == 3 * stats["plans_built"], stats
+    assert stats["tunes"] == 0 and stats["fallbacks"] == 0 and cudnn_cache.size() == 0, stats
+    assert ours == native
 
 
 @pytest.mark.parametrize("backend", ["graph", "legacy"])

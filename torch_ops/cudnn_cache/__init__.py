@@ -207,12 +207,12 @@ def persistent(path: str, prepare_plans: bool = True) -> Iterator[Optional["Prep
 
 def set_miss_policy(policy: str) -> None:
     """What a convolution does when its key is not cached: 'tune' (default: time all algorithms now, store the
-    ranking), 'heuristic' (cuDNN's heuristic choice, not stored), 'error' (raise, naming the key) or 'record'
-    (like 'heuristic', and remember the key as pending: distributed.sync() then tunes what the ranks recorded,
-    split between them; distributed.recorded_misses() lists them) or 'nearest' (run the choice stored for the
-    same convolution at the nearest batch and spatial size, if it runs here and needs no run-time compilation,
-    else the heuristic one; remember the key as pending, like 'record'; nothing is timed). The
-    CUDNN_CACHE_MISS_POLICY environment variable sets it when the library loads."""
+    ranking), 'heuristic' (native heuristics' choice, what PyTorch runs with cudnn.benchmark off; not stored),
+    'error' (raise, naming the key) or 'record' (like 'heuristic', and remember the key as pending:
+    distributed.sync() then tunes what the ranks recorded, split between them; distributed.recorded_misses() lists
+    them) or 'nearest' (run the choice stored for the same convolution at the nearest batch and spatial size, if it
+    runs here and needs no run-time compilation, else the heuristic one; remember the key as pending, like 'record';
+    nothing is timed). The CUDNN_CACHE_MISS_POLICY environment variable sets it when the library loads."""
     _ops.set_miss_policy(policy)
 
 

@@ -5,9 +5,9 @@
 //
 // Note [Engine configs]
 // ~~~~~~~~~~~~~~~~~~~~~
-// On Hopper the legacy algorithm list does not reach the fastest engines (../shared/context/MEASURED.md), so
-// the graph API is searched directly. A candidate is an engine config: cuDNN's global engine index plus its
-// knob choices. That pair rebuilds the same execution plan in another process
+// Native PyTorch runs convolutions through the graph API (Conv_v8.cpp), whose engines the legacy algorithm
+// list does not all reach, so the graph API is searched directly. A candidate is an engine config: cuDNN's
+// global engine index plus its knob choices. That pair rebuilds the same execution plan in another process
 // (Graph::create_execution_plan), and it only means something for the cuDNN release and GPU it was found on,
 // which is why rankings live under an Origin.
 //
@@ -69,6 +69,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,19 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                                 const GraphSearchOptions& options = {},
                                                 std::shared_ptr<const GraphPlan>* best_plan = nullptr);
+
+// Native heuristics' own choice for a key and its plan (Note [Native heuristics' choice] in runtime.h).
+struct HeuristicChoice {
+  EngineCandidate config;                 // as heuristics list it, with its workspace and notes; untimed
+  std::shared_ptr<const GraphPlan> plan;  // built
+};
+
+// What PyTorch runs for the key with cudnn.benchmark off (Conv_v8.cpp): the first config of heuristics mode A,
+// then the fallback list, after the filters of Note [Engine configs] (and cuDNN's nondeterministic engines left
+// out when `deterministic`), that builds within `max_workspace_bytes`; engines cuDNN compiles at run time only
+// with `compile`. Nullopt when none does, or cuDNN cannot express the key as a graph.
+std::optional<HeuristicChoice> heuristic_choice(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic,
+                                                bool compile, std::uint64_t max_workspace_bytes);
 
 // The execution plan of one engine config for one key.
 class GraphPlan {
@@ -123,6 +137,8 @@ class GraphPlan {
   void execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const;
 
  private:
+  friend std::optional<HeuristicChoice> heuristic_choice(cudnnHandle_t, const ConvolutionKey&, bool, bool,
+                                                         std::uint64_t);
   friend std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t, const ConvolutionKey&,
                                                          const ConvolutionBuffers&, const WorkspaceAllocator&,
                                                          const GraphSearchOptions&, std::shared_ptr<const GraphPlan>*);

@@ -379,12 +379,12 @@ class PerfCache {
     return found;
   }
 
-  // What the nearest miss policy lent a key the cache does not hold: the candidates it runs until the key is
-  // tuned (possibly none: it runs cuDNN's heuristics), or null if nothing was lent to it yet. Lent rankings are
-  // neither listed, counted nor saved; a key's is forgotten when the key is inserted, erased or cleared. They
-  // are a memo of nearest()'s answer, so that a training run whose shapes keep changing stays flat in
-  // memory, at most kMaxLent are kept: lending past that forgets all the others first (each is worked out
-  // again on its key's next miss).
+  // What an untuned miss lent a key the cache does not hold (the nearest key's candidates, or native heuristics'
+  // choice: Note [Native heuristics' choice] in runtime.h): the candidates it runs until the key is tuned, or
+  // null if nothing was lent to it yet. Lending again replaces what was lent. Lent rankings are neither listed,
+  // counted nor saved; a key's is forgotten when the key is inserted, erased or cleared. They are a memo of a
+  // miss's answer, so that a training run whose shapes keep changing stays flat in memory, at most kMaxLent
+  // are kept: lending past that forgets all the others first (each is worked out again on its key's next miss).
   Shared lent(const ConvolutionKey& key) const {
     std::shared_lock lock(mutex_);
     const auto found = lent_.find(key);
@@ -393,8 +393,8 @@ class PerfCache {
   void lend(const ConvolutionKey& key, Shared ranking) {
     std::unique_lock lock(mutex_);
     if (rankings_.count(key) != 0) return;
-    if (lent_.size() >= kMaxLent) lent_.clear();
-    lent_.emplace(key, std::move(ranking));
+    if (lent_.size() >= kMaxLent && lent_.count(key) == 0) lent_.clear();
+    lent_[key] = std::move(ranking);
   }
   static constexpr std::size_t kMaxLent = 10000;
 

@@ -9,30 +9,44 @@
 // policy] says. On a miss the miss policy decides:
 //   * tune: time every algorithm now on the call's own buffers (cudnnFind*AlgorithmEx), store the ranking,
 //     then run the best;
-//   * heuristic: run cuDNN's heuristic order (cudnnGet*Algorithm_v7); nothing is stored, since nothing was
-//     measured;
+//   * heuristic: run native heuristics' own choice (Note [Native heuristics' choice]); nothing is stored,
+//     since nothing was measured;
 //   * error: throw an Error that names the key, so CI can prove a cache file covers a model;
-//   * record: run cuDNN's heuristic order, like heuristic, and remember the key (with its origin and
+//   * record: run native heuristics' choice, like heuristic, and remember the key (with its origin and
 //     backend) as a recorded miss, so that it can be tuned later, elsewhere or by another rank
 //     (cudnn_cache.distributed.sync; Note [Sharing tuning between processes]). A key carries every size,
 //     stride, data type and convolution parameter, so it is enough to re-create the tensors to time it on.
 //   * nearest: run the choice stored for the nearest key of the same family (the same problem at another
-//     batch or spatial size, Note [Nearest key]) if it runs for this key, else cuDNN's heuristic order, and
-//     remember the key as pending, like record. Nothing is timed and nothing compiled at run time: a borrowed
-//     engine config cuDNN compiles at run time is passed over. What a key borrows is worked out on its first
-//     miss and kept (not saved; PerfCache::kMaxLent keys at most) until the key is tuned (stats().lent counts
-//     the keys); a borrowed candidate that does not build or run for the key passes to the next, and to the
-//     heuristics, without a fallback being counted, since nothing was cached for the key.
+//     batch or spatial size, Note [Nearest key]) if it runs for this key, else native heuristics' choice, and
+//     remember the key as pending, like record. Nothing is timed: a borrowed engine config cuDNN compiles at
+//     run time is passed over. What a key borrows is worked out on its first miss and kept (not saved;
+//     PerfCache::kMaxLent keys at most) until the key is tuned (stats().lent counts the keys); a borrowed
+//     candidate that does not build or run for the key passes to the next, and to native heuristics' choice,
+//     without a fallback being counted, since nothing was cached for the key.
 // A miss under the tune policy while the call's stream is capturing a CUDA graph is run as a record miss:
-// timing would synchronise the stream and end the capture, so cuDNN's heuristic choice is captured, the key is
+// timing would synchronise the stream and end the capture, so native heuristics' choice is captured (one that
+// cuDNN compiles at run time is passed over: loading a module is not allowed during a capture), the key is
 // recorded (stats().capture_misses counts it), and the next call of the key outside a capture tunes it. A
 // captured graph keeps the heuristic choice it captured; capture again after that to replay the tuned one.
 // Tuning explicitly (tune()) during a capture throws an Error.
 // A call that cannot run its best cached candidate (out of memory for the workspace, NOT_SUPPORTED, ...)
-// counts one fallback and warns once per process; if no cached candidate runs, cuDNN's heuristics do (a
+// counts one fallback and warns once per process; if no cached candidate runs, cuDNN's legacy heuristics do (a
 // heuristic candidate that cannot run passes over nothing cached, so it is no fallback). So
 // does a miss whose key the cache holds for another origin only (a file tuned on another GPU, or with
 // another cuDNN): such entries are never used, and the warning says why this process tunes anyway.
+//
+// Note [Native heuristics' choice]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A key nothing was tuned for (a miss under the heuristic, record or nearest policy, or under tune during a
+// capture) runs what PyTorch runs with cudnn.benchmark off: through the graph API, the first config of
+// heuristics mode A, then the fallback list, that builds (heuristic_choice, graph.h). On Hopper cuDNN's legacy
+// algorithms do not reach the graph API's fastest engines (Note [Engine configs]), so running the legacy
+// heuristics there made every call of an untuned key slower than native until the key was tuned
+// (benchmarks/real_workloads.py measures the nearest policy against native heuristics). The choice
+// and its plan are made once, on the key's first miss, and lent to the key like a nearest key's candidates
+// (PerfCache::lent): later calls run that plan without asking the heuristics again, until the key is tuned.
+// Only when no config of the list builds (or the graph API cannot express the key) do the legacy heuristics
+// run, the last resort of every call.
 //
 // Both backends take this one path (Note [One run path]). The graph API's candidates are engine configs, each
 // run through an execution plan built once per key and config and kept in the plan cache (Note [Plan
@@ -65,7 +79,7 @@
 // a limit holds nothing over it; prepare() builds the plan of each key's first candidate within it.
 //
 // Which path a convolution takes is the runtime's backend: graph by default, since on Hopper only the graph
-// API reaches the fastest engines (../shared/context/MEASURED.md); legacy on request, or where this cuDNN
+// API reaches the fastest engines (Note [Engine configs]); legacy on request, or where this cuDNN
 // has no graph API for convolutions (before 8.9).
 
 #include <array>
@@ -457,8 +471,8 @@ class Runtime {
   // may be another key's, lent (runtime.cpp).
   template <typename Traits>
   struct Found {
-    std::shared_ptr<const Ranking<Traits>> ranking;  // null: cuDNN's heuristics
-    bool lent = false;                               // the ranking is a neighbour's (the nearest miss policy)
+    std::shared_ptr<const Ranking<Traits>> ranking;  // null: native heuristics' choice
+    bool lent = false;  // the ranking was lent: a neighbour's, or native heuristics' choice (not tuned for the key)
   };
   template <typename Traits, typename Chosen>
   Found<Traits> lookup(cudnnHandle_t handle, int device, PerfCache<Traits>& cache, const ConvolutionKey& key,
