@@ -386,7 +386,12 @@ TEST_CASE("PerfCache lends a ranking to a key it does not hold until the key is 
   CHECK(cache.find(key) == nullptr);  // lent is not held: not found, listed nor counted
   CHECK(cache.size() == 1);
   CHECK(cache.entries().size() == 1);
-  const auto nothing = std::make_shared<const FwdRanking>();  // a key lent nothing runs the heuristics
+  const auto nothing = std::make_shared<const FwdRanking>();  // a key lent nothing runs native heuristics' choice
+  const auto chosen = std::make_shared<const FwdRanking>(FwdRanking::of({ok(3, 0.0f)}));
+  cache.lend(key, chosen);  // lending again replaces: what a borrowed ranking that did not run gives way to
+  CHECK(cache.lent(key) == chosen);
+  cache.lend(key, lent);
+  CHECK(cache.lent(key) == lent);
   cache.lend(held, nothing);  // a held key is never lent anything
   CHECK(cache.lent(held) == nullptr);
   cache.insert(key, FwdRanking::of({ok(2, 0.5f)}));  // tuned: its own ranking from now on
@@ -407,6 +412,10 @@ TEST_CASE("PerfCache keeps at most kMaxLent lent rankings, however many keys bor
   const auto key = [](std::size_t i) { return conv_key(Direction::forward, 1 + static_cast<std::int64_t>(i)); };
   for (std::size_t i = 0; i < PerfCache<Fwd>::kMaxLent; ++i) cache.lend(key(i), nothing);
   CHECK(cache.lent(key(0)) == nothing);
+  CHECK(cache.lent(key(PerfCache<Fwd>::kMaxLent - 1)) == nothing);
+  const auto again = std::make_shared<const FwdRanking>();
+  cache.lend(key(0), again);  // a key lent again, at the limit: replaced, nothing forgotten
+  CHECK(cache.lent(key(0)) == again);
   CHECK(cache.lent(key(PerfCache<Fwd>::kMaxLent - 1)) == nothing);
   cache.lend(key(PerfCache<Fwd>::kMaxLent), nothing);  // one more: the others are forgotten
   CHECK(cache.lent(key(PerfCache<Fwd>::kMaxLent)) == nothing);
