@@ -349,6 +349,12 @@ std::int64_t build_at(Graph& graph, std::int64_t index) {
   }
 }
 
+std::optional<bool> runtime_compiled_at(Graph& graph, std::int64_t index) {
+  std::vector<fe::BehaviorNote_t> notes;
+  if (graph.get_behavior_notes_for_plan_at_index(index, notes).is_bad()) return std::nullopt;
+  return std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
+}
+
 // The first `count` configs of heuristics mode B that mode A ranks differently. Mode B costs more CPU time
 // per query, so it only adds candidates; an error (mode B does not support every graph) adds none.
 std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count) {
@@ -447,11 +453,7 @@ std::optional<HeuristicChoice> heuristic_choice(cudnnHandle_t handle, const Conv
   }
   const std::int64_t listed = graph->get_execution_plan_count();
   for (std::int64_t index = 0; index < listed; ++index) {
-    std::vector<fe::BehaviorNote_t> notes;
-    if (!compile && (graph->get_behavior_notes_for_plan_at_index(index, notes).is_bad() ||
-                     std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end())) {
-      continue;
-    }
+    if (!compile && runtime_compiled_at(*graph, index).value_or(true)) continue;  // unknown: may compile
     if (build_at(*graph, index) < 0) continue;
     std::optional<EngineCandidate> config = describe_plan(*graph, index, listed);
     if (!config || config->workspace_bytes > max_workspace_bytes) continue;

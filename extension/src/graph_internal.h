@@ -143,6 +143,10 @@ std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKe
 // `index` if the graph's plan there builds (which selects it), else -1.
 std::int64_t build_at(Graph& graph, std::int64_t index);
 
+// Whether cuDNN compiles the engine of the graph's plan at `index` at run time (its RUNTIME_COMPILATION behavior
+// note), built or not; nullopt if cuDNN cannot say.
+std::optional<bool> runtime_compiled_at(Graph& graph, std::int64_t index);
+
 // The first `count` configs of heuristics mode B that mode A ranks differently.
 std::vector<EngineCandidate> mode_b_configs(cudnnHandle_t handle, const ConvolutionKey& key, int count);
 

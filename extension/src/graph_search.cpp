@@ -136,13 +136,9 @@ HeuristicPlans heuristic_plans(Graph& graph) {
   for (std::int64_t index = 0; index < graph.get_execution_plan_count(); ++index) {
     std::string name;
     if (graph.get_plan_name_at_index(index, name).is_bad() || !seen.insert(name).second) continue;
-    std::vector<fe::BehaviorNote_t> notes;
-    const bool compiled =
-        graph.get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
-        std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) != notes.end();
     plans.indices.push_back(index);
     plans.names.push_back(std::move(name));
-    plans.compiled.push_back(compiled);
+    plans.compiled.push_back(runtime_compiled_at(graph, index).value_or(false));
   }
   return plans;
 }
