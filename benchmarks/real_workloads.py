@@ -42,7 +42,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -285,26 +284,6 @@ def run_case(workload: str, mode: str, args) -> dict:
 # --- The runner: one subprocess per case ------------------------------------------------------------------------
 
 
-def run_subprocess(command, env=None, timeout: float = 240.0) -> dict:
-    """The JSON of the command's last '{' line on stdout; {'error': ...} where it fails without one or times
-    out. Adds process_s. The command's stderr goes on to this process's stderr."""
-    began = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as expired:
-        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr or ""
-        sys.stderr.write(stderr)
-        return {"error": f"timed out after {timeout:g} s", "stderr_tail": stderr[-2000:], "process_s": timeout}
-    sys.stderr.write(done.stderr)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {}
-    if "error" not in result and (done.returncode != 0 or not lines):
-        result = {"error": f"exit code {done.returncode}: "
-                           f"{(done.stderr.strip() or done.stdout.strip() or 'no output')[-2000:]}"}
-    result["process_s"] = time.perf_counter() - began
-    return result
-
-
 def output_paths(output, update: bool) -> list:
     """--output (default bench-results/, not committed), and the committed file only with --update."""
     paths = [pathlib.Path(output) if output else DEFAULT_OUTPUT]
@@ -340,6 +319,8 @@ def run_all(args) -> dict:
               timespec="seconds"), "device": None, "torch": torch.__version__, "cudnn": None, "complete": False,
               "settings": {k: v for k, v in vars(args).items() if k not in ("case", "report", "cache_file")},
               "cases": [], "targets": []}
+    from bench import run_subprocess  # the model bench's runner; not imported by the case processes
+
     rounds = range(args.first_round, args.first_round + args.rounds)
     plan = [(w, r, m) for w in args.workloads for r in rounds for m in modes_of(w, args.modes)]
     began = time.perf_counter()
@@ -356,7 +337,7 @@ def run_all(args) -> dict:
             else:
                 env = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
                 env.update(case_environment(mode, cache_file, args.keep_jit_cache))
-                result = run_subprocess(case_command(workload, mode, args, cache_file), env, args.timeout)
+                result = run_subprocess(case_command(workload, mode, args, cache_file), args.timeout, env=env)
             result.update(workload=workload, mode=mode, round=round_)
             report["cases"].append(result)
             report["device"], report["cudnn"] = report["device"] or result.get("device"), report["cudnn"] or result.get("cudnn")

@@ -110,13 +110,14 @@ MIN_STEPS_QUICK = 20  # in a --quick run; torch.profiler covers as many
 # The driver: one subprocess per case
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_subprocess(command: List[str], timeout: float) -> dict:
-    """Runs one case's command; returns the JSON object of its last '{' stdout line, or {'error': text} when it
-    fails, times out or prints none. Adds process_s (the process's wall time) either way. The case's stderr (a
+def run_subprocess(command: List[str], timeout: float, env: Optional[dict] = None) -> dict:
+    """Runs one case's command (in `env`, default this process's environment); returns the JSON object of its
+    last '{' stdout line, or {'error': text} when it fails, times out or prints none; a case that reports its own
+    {'error': ...} and fails keeps that. Adds process_s (the process's wall time) either way. The case's stderr (a
     CUDNN_CACHE_LOG log, warnings) goes on to this process's stderr once it ends, however it ends."""
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as expired:
         stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr
         sys.stderr.write(stderr or "")
@@ -125,10 +126,10 @@ def run_subprocess(command: List[str], timeout: float) -> dict:
     elapsed = time.perf_counter() - started
     sys.stderr.write(done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
+    result = json.loads(lines[-1]) if lines else {}
+    if "error" not in result and (done.returncode != 0 or not lines):
         text = (done.stderr.strip() or done.stdout.strip() or "no output")[-2000:]
-        return {"error": f"exit code {done.returncode}: {text}", "process_s": elapsed}
-    result = json.loads(lines[-1])
+        result = {"error": f"exit code {done.returncode}: {text}"}
     result["process_s"] = elapsed
     return result
 

@@ -112,11 +112,14 @@ def test_results_go_to_bench_results_unless_update():
 
 
 def test_failing_commands_and_cases_are_error_records(monkeypatch):
-    failed = rw.run_subprocess([sys.executable, "-c", "import sys; print('partial'); sys.exit(3)"])
+    import bench  # the runner run_all uses (scripts/ is on the path through real_workloads)
+
+    failed = bench.run_subprocess([sys.executable, "-c", "import sys; print('partial'); sys.exit(3)"], 240)
     assert failed["error"].startswith("exit code 3: partial") and "process_s" in failed
-    recorded = rw.run_subprocess([sys.executable, "-c", "print('{\"error\": \"RuntimeError: boom\"}'); exit(1)"])
+    recorded = bench.run_subprocess([sys.executable, "-c", "print('{\"error\": \"RuntimeError: boom\"}'); exit(1)"],
+                                    240)
     assert recorded["error"] == "RuntimeError: boom"
-    assert rw.run_subprocess([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)["error"] == \
+    assert bench.run_subprocess([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)["error"] == \
         "timed out after 1 s"
     monkeypatch.setitem(sys.modules, "torchaudio", None)  # import torchaudio raises ImportError
     args = types.SimpleNamespace(device="cpu", seed=0, batch=None, shapes=2, scale=0.1)
