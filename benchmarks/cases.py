@@ -355,7 +355,7 @@ def summarize_audit(rows: List[dict]) -> dict:
     The stored config's time is the mean of its two timings (stored_mean_ms). Each round times the configs in a
     fresh order (Note [Paired rounds in a fresh order]), so the two are measurements of one config alike in
     all but their noise; judging by the first alone called a key slower whenever that one drew the noise and
-    the other matched native's (docs/PERFORMANCE.md, twentieth)."""
+    the other matched native's."""
     summary = {"keys": len(rows), "rows": rows}
     if not rows:
         return summary
@@ -395,7 +395,7 @@ def audit_repeatedly(audit: Callable[[], List[dict]], repeats: int) -> dict:
     A key's resolution is the gap between two timings of its stored config in the same rounds. From one audit to
     the next the same config's time moves further: on the H100 a 16 us config of RegNetY timed 15.5 to 17.4 us
     in four audits whose resolutions for it were 0.2 to 0.8 us, and of the keys one audit found slower, the next
-    found one in seven again (docs/PERFORMANCE.md, twenty-seventh). A verdict that does not repeat is noise."""
+    found one in seven again. A verdict that does not repeat is noise."""
     summaries = [summarize_audit(audit()) for _ in range(max(repeats, 1))]
     first = summaries[0]
     if len(summaries) > 1:

@@ -395,7 +395,7 @@ def steady_row(case: dict) -> List[str]:
     derived, stats = case["derived"], case.get("stats")
     counters = plans = "-"
     if stats is not None:
-        # Runs of earlier versions (docs/bench-*.json) lack the later counters: '-'.
+        # Result files of earlier versions lack the later counters: '-'.
         counters = " / ".join(str(stats.get(k, "-")) for k in ("hits", "misses", "tunes", "tune_waits", "fallbacks"))
         plans = " / ".join(str(stats.get(k, "-"))
                            for k in ("plans_built", "plans_deserialized", "plan_rebuilds", "plan_evictions"))
@@ -537,7 +537,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# cudnn_cache against native cuDNN autotuning: whole training steps", "",
         f"{env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}), cuDNN {env['cudnn']}; {env['date']}. "
-        f"Each case ran in a fresh process (`scripts/bench.py`); cache backend '{report['settings']['backend']}'.",
+        f"Each case ran in a fresh process (`python3 -m benchmarks models`); cache backend '{report['settings']['backend']}'.",
     ]
     if report.get("complete") is False:
         cut = [part["file"] for part in report["settings"].get("parts", []) if not part["complete"]]
