@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Real training workloads, native PyTorch and cudnn_cache side by side, each case in a fresh process.
 
 Workloads (models built with weights=None and seeded, synthetic data made before the first step):
@@ -18,7 +17,7 @@ import loads the file and routes PyTorch's convolutions through the cache; the e
 Every case runs with CUDA_CACHE_DISABLE=1 (no driver JIT cache, as on a fresh machine) unless --keep-jit-cache,
 and reports: its first step (from the loop's start, and from the process's); epochs 1 and 2; the steady step
 (fixed shapes: --steps after --warmup; changing shapes: the mean step of --steady-epochs more epochs), wall and
-GPU (CUDA events around each step, synchronized at its end), median and 95% interval (scripts/bench_stats.py;
+GPU (CUDA events around each step, synchronized at its end), median and 95% interval (stats.py;
 min-max under 6 values); peak GPU memory; cudnn_cache.stats() in the cache modes. The events time the stream
 from the step's first work to its last, idle gaps included: a step whose host lags behind its GPU reads about
 its wall time there. That the untuned policies run native heuristics' very kernels (the same GPU busy time) is
@@ -28,8 +27,8 @@ native's interval), its first epoch <= 1.05x; (2) cache_warm steady wall <= 1.00
 lower median), the median of per-round ratios; (3) changing shapes: cache_warm's first epoch <= 2x its second;
 (4) cache_cold's peak reserved memory <= 1.2x native_heuristics'.
 
-    python3 benchmarks/real_workloads.py --workloads gan,grouped --modes native_heuristics,cache_cold,cache_warm --rounds 3
-    python3 benchmarks/real_workloads.py --report bench-results/a.json bench-results/b.json   # parts, no run
+    python3 -m benchmarks real-workloads --workloads gan,grouped --modes native_heuristics,cache_cold,cache_warm --rounds 3
+    python3 -m benchmarks real-workloads --report bench-results/a.json bench-results/b.json   # parts, no run
 
 Writes --output (bench-results/real_workloads.json, a .md beside it) after every case ("complete": false until
 the end), with --update also benchmarks/results/. Exit: 0 all ran, 1 some case failed (recorded, the run goes
@@ -50,12 +49,10 @@ import traceback
 T0 = time.perf_counter()  # before torch is imported: start_to_first_step_s counts from here
 import torch  # noqa: E402  (CUDA starts at the first CUDA call, after a case has set its environment)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_stats import median_interval  # noqa: E402
+from benchmarks import case_command as module_command, output_paths, run_subprocess  # noqa: E402
+from benchmarks.stats import median_interval  # noqa: E402
 
-DEFAULT_OUTPUT = ROOT / "bench-results" / "real_workloads.json"  # gitignored
-RESULTS = ROOT / "benchmarks" / "results" / "real_workloads.json"  # committed, written with --update
+NAME = "real_workloads.json"  # the result file, in bench-results/ (and benchmarks/results/ with --update)
 WORKLOADS = {  # name -> (label, batch, fixed shape)
     "detection": ("Faster R-CNN R50-FPN fp32 bs2, 4 image sizes", 2, False),
     "speech": ("wav2vec2 base bf16 bs4, 8 lengths 1-4 s", 4, False),
@@ -213,7 +210,6 @@ def measure(workload: str, mode: str, args, result: dict) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.backends.cudnn.benchmark = mode == "native_benchmark"
     if mode.startswith("cache_"):  # the zero-code path: CUDNN_CACHE_PATH is set, the script imports the package
-        sys.path.insert(0, str(ROOT / "torch_ops"))
         began = time.perf_counter()
         import cudnn_cache
         result.update(import_s=time.perf_counter() - began, cache_file=cudnn_cache.active_file(),
@@ -284,20 +280,14 @@ def run_case(workload: str, mode: str, args) -> dict:
 # --- The runner: one subprocess per case ------------------------------------------------------------------------
 
 
-def output_paths(output, update: bool) -> list:
-    """--output (default bench-results/, not committed), and the committed file only with --update."""
-    paths = [pathlib.Path(output) if output else DEFAULT_OUTPUT]
-    return paths + [RESULTS] if update and RESULTS.resolve() != paths[0].resolve() else paths
-
-
 def modes_of(workload: str, modes) -> list:
     """The modes run for `workload`, in MODES order: those of --modes, else all but DEFAULT_SKIP's."""
     return [m for m in MODES if (m in modes if modes else m not in DEFAULT_SKIP.get(workload, ()))]
 
 
 def case_command(workload: str, mode: str, args, cache_file) -> list:
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--case", f"{workload}:{mode}",
-               "--device", args.device, "--cache-file", str(cache_file)]
+    command = module_command("real_workloads", "--case", f"{workload}:{mode}", "--device", args.device,
+                             "--cache-file", cache_file)
     for name in ("steps", "warmup", "epoch_steps", "steady_epochs", "seed", "scale", "batch", "shapes"):
         if getattr(args, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -319,8 +309,6 @@ def run_all(args) -> dict:
               timespec="seconds"), "device": None, "torch": torch.__version__, "cudnn": None, "complete": False,
               "settings": {k: v for k, v in vars(args).items() if k not in ("case", "report", "cache_file")},
               "cases": [], "targets": []}
-    from bench import run_subprocess  # the model bench's runner; not imported by the case processes
-
     rounds = range(args.first_round, args.first_round + args.rounds)
     plan = [(w, r, m) for w in args.workloads for r in rounds for m in modes_of(w, args.modes)]
     began = time.perf_counter()
@@ -342,7 +330,7 @@ def run_all(args) -> dict:
             report["cases"].append(result)
             report["device"], report["cudnn"] = report["device"] or result.get("device"), report["cudnn"] or result.get("cudnn")
             print(f"[{index}/{len(plan)}] {workload}:{mode} round {round_}: {describe(result)}", flush=True)
-            write(report, output_paths(args.output, args.update))
+            write(report, output_paths(NAME, args.output, args.update))
     report["complete"] = True
     return report
 
@@ -497,8 +485,8 @@ def parse_args(argv=None):
                                                    "native_benchmark for detection)")
     add("--rounds", type=int, default=1, help="each workload's modes this many times in turn (default 1)")
     add("--first-round", type=int, default=1, help="the first round's number, for a run made in parts (default 1)")
-    add("--output", help=f"the result file (default {DEFAULT_OUTPUT.relative_to(ROOT)}; a .md beside it)")
-    add("--update", action="store_true", help=f"also write {RESULTS.relative_to(ROOT)} (committed)")
+    add("--output", help=f"the result file (default bench-results/{NAME}; a .md beside it)")
+    add("--update", action="store_true", help=f"also write benchmarks/results/{NAME} (committed)")
     add("--timeout", type=float, default=240.0, help="seconds per case's process (default 240)")
     add("--budget", type=float, help="seconds: start no case once the run has taken this long (default: no limit)")
     add("--report", nargs="+", metavar="JSON", help="run nothing: the tables and targets of result files (of a "
@@ -544,7 +532,7 @@ def main(argv=None) -> int:
     if args.report:
         report = load_reports(args.report)
         if args.output or args.update:
-            write(report, output_paths(args.output, args.update))
+            write(report, output_paths(NAME, args.output, args.update))
         print(markdown(report))
         return 0
     if args.case:
@@ -559,7 +547,7 @@ def main(argv=None) -> int:
     if no_gpu(args.device):
         return 2
     report = run_all(args)
-    paths = output_paths(args.output, args.update)
+    paths = output_paths(NAME, args.output, args.update)
     write(report, paths)
     print("\n" + markdown(report))
     print(f"real_workloads: wrote {', '.join(map(str, paths))} and the .md beside each")

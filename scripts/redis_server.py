@@ -1,4 +1,4 @@
-"""A redis-server of its own on a free loopback port, for tests/python/test_remote.py and scripts/bench_remote.py:
+"""A redis-server of its own on a free loopback port, for tests/python/test_remote.py and benchmarks/remote.py:
 started in a folder, without persistence (a restart starts empty, as a cache server's would), stopped or killed."""
 
 import pathlib

@@ -9,8 +9,8 @@
 // both native picks together, in interleaved rounds. The reference is the faster of native's two picks in the
 // median of their per-round ratios (heuristics' on a tie): either is what native would run, and a stored choice
 // must be no slower than the one a user would otherwise get at its best. Where the two differ by less than the
-// noise of a round, the median still follows the faster one more often than not; a consistent 0.25% (a shape
-// of docs/bench_dynamic.md) is what a significance test between them would miss.
+// noise of a round, the median still follows the faster one more often than not; a consistent 0.25% (as on a shape
+// of the dynamic-shape benchmark, `python3 -m benchmarks dynamic`) is what a significance test between them would miss.
 //
 // A challenger takes the lead from the reference only when the rounds show it faster: the median of its
 // per-round ratios to the reference is below 1 with 95% confidence (a sign test: distribution-free, so it holds
@@ -70,7 +70,7 @@
 // more than noise (the audit's resolution), and whichever config a round timed first, or right after another,
 // paid for its place. In a fresh order each round no config keeps a place or a neighbour; the order is a fixed
 // function of the round's index, so the same rounds run in the same order in every run and on every rank (Note
-// [Never slower than native's pick]: stable choices). The bench's rounds do the same (bench_cases.in_turn).
+// [Never slower than native's pick]: stable choices). The benchmarks' rounds do the same (benchmarks/cases.py, in_turn).
 
 #include <cstddef>
 #include <string>

@@ -687,9 +687,9 @@ class RelaxedCaptureMode {
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // Each of prepare()'s threads builds with a cuDNN handle of its own, and in a warm process (prepare's purpose)
 // none exists yet: making one takes 11-20 ms on an H200, and the threads' plan builds contend inside cuDNN.
-// Measured there (scripts/prepare_cost.py, 2026-12-04): 21 entries of the 3-D stack took 128 ms on one thread,
-// 132 ms on two and 213 ms on eight; MobileNetV2's 90 took 701 ms on one and 339 ms on eight. So a thread is
-// started per 16 entries, up to the usable cores and at most 8.
+// A few entries gain nothing from more threads (their builds contend), many do; so a thread is started per 16
+// entries, up to the usable cores and at most 8. The warm start that pays for it is the models benchmark's
+// prepare_s (`python3 -m benchmarks models`).
 int default_prepare_threads(std::size_t entries) {
   constexpr std::size_t kEntriesPerThread = 16;
   const auto wanted = static_cast<int>(std::min<std::size_t>((entries + kEntriesPerThread - 1) / kEntriesPerThread, 8));

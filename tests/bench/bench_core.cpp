@@ -1,4 +1,4 @@
-// Micro-benchmarks of the core's hot paths. scripts/bench_core.py runs them and checks the targets.
+// Micro-benchmarks of the core's hot paths. `python3 -m benchmarks core` runs them and checks the targets.
 
 #include <benchmark/benchmark.h>
 

@@ -1,4 +1,4 @@
-"""scripts/bench.py without a GPU: the reports (derived columns, targets, JSON, markdown tables, chart when
+"""The models benchmark (python3 -m benchmarks models) without a GPU: the reports (derived columns, targets, JSON, markdown tables, chart when
 matplotlib is importable) from synthetic results, the driver's handling of failing and timed-out cases, the
 arguments (--quick, --backend) and exit codes, and the per-case subprocess plumbing end to end on the CPU (hidden
 --device cpu)."""
@@ -14,14 +14,11 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench.py"
-
-
-sys.path.insert(0, str(SCRIPT.parent))  # the bench's modules import one another by name, as the script does
-import bench  # noqa: E402
-import bench_cases  # noqa: E402
-import bench_report  # noqa: E402
-import bench_stats  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks import cases as bench_cases  # noqa: E402
+from benchmarks import models as bench  # noqa: E402
+from benchmarks import report as bench_report  # noqa: E402
+from benchmarks import stats as bench_stats  # noqa: E402
 
 # workload -> (native_benchmark first s, steady ms, native_heuristic first s, steady ms): figures of the order
 # an H100 measures, made up for the report's tests
@@ -145,9 +142,9 @@ def table_rows(text: str) -> list:
 
 def test_reports_from_synthetic_results(tmp_path, capsys):
     report = synthetic_report()
-    markdown = bench.write_reports(report, tmp_path / "out" / "bench.json", tmp_path)
+    markdown = bench.write_reports(report, [tmp_path / "bench.json"])
 
-    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    data = json.loads((tmp_path / "bench.json").read_text())
     assert data["environment"]["gpu"] == "NVIDIA H200" and data["settings"]["backend"] == "graph"
     assert len(data["cases"]) == 24 and data["overhead"]["results"]["op"]["host_us"] == 9.0
     by_case = {(c["workload"], c["mode"]): c for c in data["cases"]}
@@ -222,7 +219,7 @@ def test_reports_from_synthetic_results(tmp_path, capsys):
 
 def test_targets_met_missed_and_without_data(tmp_path):
     report = synthetic_report()
-    markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
+    markdown = bench.write_reports(report, [tmp_path / "bench.json"])
     targets = {(t["workload"], t["target"].split(" ≤")[0]): t for t in bench_report.check_targets(report)}
     assert all(set(t) >= {"workload", "target", "value", "limit", "met"} for t in targets.values())
 
@@ -301,7 +298,7 @@ def test_targets_met_missed_and_without_data(tmp_path):
 def test_an_exhaustive_run_is_judged_on_gpu_time_not_on_its_cold_first_step(tmp_path):
     report = synthetic_report()
     report["settings"]["tuning"] = {"exhaustive": True}
-    markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
+    markdown = bench.write_reports(report, [tmp_path / "bench.json"])
     texts = [t["target"] for t in report["targets"]]
     assert not any(text.startswith("cold first step") for text in texts)  # offline tuning: paid once
     gpu = {t["workload"]: t for t in report["targets"] if t["target"].startswith("exhaustive: warm GPU time")}
@@ -339,7 +336,7 @@ def test_an_exhaustive_run_is_judged_on_the_graph_replays_where_every_case_has_t
         ms = graph.get((case["workload"], case["mode"]))
         if ms is not None:
             case["graph_steps_ms"], case["graph_ms"] = [ms] * 30, figure(ms, 0.01)
-    markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
+    markdown = bench.write_reports(report, [tmp_path / "bench.json"])
     gpu = {t["workload"]: t for t in report["targets"] if t["target"].startswith("exhaustive: warm GPU time")}
     resnet, mobilenet = gpu["resnet50_fp32"], gpu["mobilenet_v2_bf16_cl"]
     assert resnet["target"].startswith("exhaustive: warm GPU time per step (graph replay) ÷ better native's")
@@ -359,7 +356,7 @@ def test_derived_columns_without_native_cases(tmp_path):
     report = synthetic_report()
     report["cases"] = [c for c in report["cases"] if c["mode"].startswith("cache_")]
     report["overhead"] = None
-    markdown = bench.write_reports(report, tmp_path / "bench.json", tmp_path)
+    markdown = bench.write_reports(report, [tmp_path / "bench.json"])
     warm = next(c for c in report["cases"] if c["mode"] == "cache_warm" and "error" not in c)
     assert set(warm["derived"].values()) == {None}
     assert "| ResNet-50 fp32 bs32 | cache_warm | 0.30 s | - | - | - | 0.00 s | 0.200 s | 42.5 ms | 1.2 ms" in markdown
@@ -433,7 +430,7 @@ def test_run_all_goes_on_after_a_failure_and_skips_warm_without_cold(monkeypatch
 def test_the_json_holds_every_finished_case_while_the_run_goes_on(monkeypatch, tmp_path):
     """A run killed by a time limit keeps what it finished: after each case the JSON on disk has every case so
     far and says the run is not complete; at the end it is complete."""
-    json_path, seen = tmp_path / "bench.json", []
+    json_path, seen = tmp_path / "models.json", []
 
     def fake(command, timeout):
         case = command[command.index("--case") + 1]
@@ -546,8 +543,8 @@ def test_a_failed_round_fails_its_case_and_names_the_round():
 
 
 def run_script(*args, env=None):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "benchmarks", "models", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=ROOT)
 
 
 def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
@@ -567,15 +564,15 @@ def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
     assert len(combined["cases"]) == len(full["cases"]) and combined["overhead"] == full["overhead"]
     assert [p["workloads"] for p in combined["settings"]["parts"]] == [workloads[:1], workloads[1:]]
     assert {t["workload"] for t in combined["targets"]} == {t["workload"] for t in bench_report.check_targets(full)}
-    assert combined["complete"] and "Cut short" not in (tmp_path / "out" / "bench.md").read_text()
+    assert combined["complete"] and "Cut short" not in (tmp_path / "out" / "all.md").read_text()
 
     cut = json.loads(parts[1].read_text())  # as a run killed by a time limit left it
     cut["complete"] = False
     parts[1].write_text(json.dumps(cut))
     assert bench.main(["--combine", *map(str, parts), "--output-dir", str(tmp_path / "cut")]) == 0
-    combined = json.loads((tmp_path / "cut" / "bench.json").read_text())
+    combined = json.loads((tmp_path / "cut" / "models.json").read_text())
     assert not combined["complete"] and [p["complete"] for p in combined["settings"]["parts"]] == [True, False]
-    assert f"**Cut short** ({parts[1]})" in (tmp_path / "cut" / "bench.md").read_text()
+    assert f"**Cut short** ({parts[1]})" in (tmp_path / "cut" / "models.md").read_text()
 
     other = json.loads(parts[1].read_text())
     other["environment"]["gpu"] = "NVIDIA A100"
@@ -593,15 +590,15 @@ def test_combine_makes_one_report_of_runs_split_in_parts(tmp_path):
 
 
 def test_compare_kernels_without_a_gpu_exits_2_and_says_why():
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "1,3,8,8",
-                           "--weight", "4,3,3,3"], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "compare-kernels", "--input", "1,3,8,8",
+                           "--weight", "4,3,3,3"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 2 and "no CUDA GPU" in done.stderr
 
 
 def test_compare_kernels_refuses_a_convolution_that_cannot_be_before_looking_for_a_gpu():
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "1,3,8,8",
-                           "--weight", "4,3,3,3", "--groups", "2"], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "compare-kernels", "--input", "1,3,8,8",
+                           "--weight", "4,3,3,3", "--groups", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 2
     assert "--groups 2: the input's 3 channels must be groups x the weight's 3" in done.stderr
@@ -609,11 +606,11 @@ def test_compare_kernels_refuses_a_convolution_that_cannot_be_before_looking_for
 
 @pytest.mark.gpu
 def test_compare_kernels_on_the_gpu_lists_each_modes_kernels_and_audits_the_cache(child_env, tmp_path):
-    # It tunes and audits before its first profiler session (Note [Profiling last] in bench_cases.py).
+    # It tunes and audits before its first profiler session (Note [Profiling last] in cases.py).
     output = tmp_path / "kernels.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernels.py"), "--input", "8,16,10,10",
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "compare-kernels", "--input", "8,16,10,10",
                            "--weight", "16,16,3,3", "--padding", "1", "--output", str(output)], env=child_env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(output.read_text())
     assert list(report["modes"]) == ["native_heuristic", "native_benchmark", "cudnn_cache"]
@@ -624,23 +621,6 @@ def test_compare_kernels_on_the_gpu_lists_each_modes_kernels_and_audits_the_cach
     assert sorted(row["direction"] for row in report["audit"]) == ["backward_data", "backward_filter", "forward"]
     assert all(row["stored_ms"] > 0 and row["heuristic_ms"] > 0 and row["benchmark_ms"] > 0 for row in report["audit"])
     assert "cudnn_cache forward_backward:" in done.stdout and "audit forward: stored" in done.stdout
-
-
-@pytest.mark.parametrize("arguments", [[], ["--keys", "0"], ["--keys", "4", "--processes", "5"]])
-def test_build_scaling_refuses_bad_arguments_and_runs_only_on_a_gpu(arguments):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_scaling.py"), *arguments],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
-    assert done.returncode == 2
-    assert ("no CUDA GPU" if not arguments else "must be between") in done.stderr
-
-
-def test_build_scaling_ways_differ_only_in_where_compiled_candidates_are_built():
-    import build_scaling
-
-    ways = {name: (processes, threads, builders) for name, processes, threads, builders in build_scaling.ways(3)}
-    assert ways == {"serial": (1, 1, 0), "threads": (1, 0, 0), "processes": (3, 1, 0), "builders": (1, 1, 3)}
-    assert set(build_scaling.BATCH_OF_WAY) == set(ways)
-    assert len(set(build_scaling.BATCH_OF_WAY.values())) == len(ways)  # each way's keys are new to it
 
 
 def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
@@ -663,7 +643,10 @@ def test_default_arguments():
     args = bench.parse_args([])
     assert args.workloads == [*bench.WORKLOADS, "overhead"] and args.modes == list(bench_cases.MODES)
     assert (args.steps, args.warmup, args.device, args.backend, args.quick) == (30, 5, "cuda", "graph", False)
-    assert args.json == args.output_dir / "bench.json" and args.output_dir == ROOT / "docs"
+    assert args.paths == [ROOT / "bench-results" / "models.json"]  # a run's results are not committed
+    assert bench.parse_args(["--update"]).paths == [ROOT / "bench-results" / "models.json",
+                                                   ROOT / "benchmarks" / "results" / "models.json"]
+    assert bench.parse_args(["--output-dir", "/tmp/x"]).paths == [pathlib.Path("/tmp/x/models.json")]
     assert list(bench.WORKLOADS).index("mobilenet_v2_bf16_cl") == list(bench.WORKLOADS).index("resnet18_fp16_cl") + 1
 
 
@@ -677,14 +660,11 @@ def test_tuning_arguments_are_typed_and_passed_to_each_case():
     assert command[-6:] == ["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1",
                             "prefetch_backward=0"]
     assert "--audit" in command
-    assert bench.parse_args(command[2:]).tuning == args.tuning  # what the case process parses back
-    assert "--prepare-in-background" not in command and not args.prepare_in_background
-    background = bench.parse_args(["--prepare-in-background"])
-    background_command = bench.case_command("seed:cache_warm", background, None)
-    assert bench.parse_args(background_command[2:]).prepare_in_background  # the case process prepares so
+    assert command[:3] == [sys.executable, "-m", "benchmarks.models"]  # run from the root (run_subprocess)
+    assert bench.parse_args(command[3:]).tuning == args.tuning  # what the case process parses back
     quick = bench.parse_args(["--quick", "--steps", "20"])
     quick_command = bench.case_command("seed:cache_warm", quick, None)
-    assert "--quick" in quick_command and bench.parse_args(quick_command[2:]).steps == 20
+    assert "--quick" in quick_command and bench.parse_args(quick_command[3:]).steps == 20
 
 
 def audit_row(stored, heuristic, benchmark, key, again=None):
@@ -769,7 +749,7 @@ def test_audits_repeated_in_one_process_count_the_verdicts_that_repeat():
     assert any("| 2 / 2 / 2, in all 1 |" in line for line in lines)
 
     args = bench.parse_args(["--audit", "--audit-repeats", "2"])
-    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).audit_repeats == 2
+    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[3:]).audit_repeats == 2
     assert bench.parse_args(["--audit"]).audit_repeats == 1
     for wrong in (["--audit-repeats", "2"], ["--audit", "--audit-repeats", "0"]):
         with pytest.raises(SystemExit):
@@ -815,7 +795,7 @@ def test_audit_rounds_are_set_for_the_audits_alone():
     lines = bench_report.audit_table([{"workload": "seed", "mode": "cache_cold", "audit": dict(summary, seconds=1.0)}])
     assert any(line.endswith("| 1.0 s | 21 |") for line in lines)
     args = bench.parse_args(["--audit", "--audit-rounds", "21"])
-    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).audit_rounds == 21
+    assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[3:]).audit_rounds == 21
     assert bench.parse_args(["--audit"]).audit_rounds is None
     assert "--audit-rounds" not in bench.case_command("seed:cache_cold", bench.parse_args(["--audit"]), None)
     for wrong in (["--audit-rounds", "21"], ["--audit", "--audit-rounds", "0"]):
@@ -851,15 +831,15 @@ def test_settle_cache_records_the_keys_it_changed():
                                (["--tuning", "exhaustive=1", "--no-settle"], False), (["--settle"], True)):
         args = bench.parse_args(arguments)
         assert args.settle == settles, arguments
-        assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[2:]).settle == settles, arguments
+        assert bench.parse_args(bench.case_command("seed:cache_cold", args, None)[3:]).settle == settles, arguments
 
 
 def test_the_report_shows_settling_where_a_cold_case_settled(tmp_path):
     report = synthetic_report()
-    assert "## Settled in steady state" not in bench.write_reports(report, tmp_path / "a.json", tmp_path)
+    assert "## Settled in steady state" not in bench.write_reports(report, [tmp_path / "a.json"])
     cold = next(c for c in report["cases"] if c["mode"] == "cache_cold" and c["workload"] == "seed")
     cold["settle"] = {"seconds": 0.25, "keys": 6, "changed": 0, "changes": []}
-    markdown = bench.write_reports(report, tmp_path / "b.json", tmp_path)
+    markdown = bench.write_reports(report, [tmp_path / "b.json"])
     assert table_rows(section(markdown, "Settled in steady state"))[2:] == [
         [" two-conv model of the seed (bs7, 32x32) ", " 6 ", " 0 ", " 0.25 s "]]
 
@@ -885,7 +865,7 @@ def audited_seed_model(tmp_path, *audit_arguments):
                       tmp_path / "raw.json")
     assert done.returncode == 0, done.stdout + done.stderr
     (cold,) = json.loads((tmp_path / "raw.json").read_text())["cases"]
-    return cold["audit"], (tmp_path / "bench.md").read_text()
+    return cold["audit"], (tmp_path / "raw.md").read_text()
 
 
 @pytest.mark.gpu
@@ -1000,7 +980,7 @@ def test_every_case_in_its_own_process_on_the_cpu(tmp_path):
         assert overhead[f"scripted_train_{way}_overhead_above_native_us"] == pytest.approx(
             results[f"train_{way}_scripted"]["host_us"] - results["train_native_scripted"]["host_us"])
     assert {t["workload"] for t in data["targets"]} == {"seed", "overhead"}
-    assert (tmp_path / "bench.md").exists() and "| cache_warm |" in done.stdout and "## Targets" in done.stdout
+    assert (tmp_path / "raw.md").exists() and "| cache_warm |" in done.stdout and "## Targets" in done.stdout
 
 
 def test_median_interval_from_order_statistics():
@@ -1038,19 +1018,6 @@ def test_a_wall_clock_loss_needs_intervals_apart():
     assert bench_report.better_native(ok, "w", "wall_ms")["median"] == 10.0
     assert bench_report.better_native(ok, "w", "gpu_ms")["median"] == 7.0
     assert bench_report.better_native(ok, "other", "wall_ms") is None
-
-
-def test_first_step_profiled_on_the_cpu(tmp_path):
-    done = run_script("--device", "cpu", "--workloads", "seed", "--modes", "native_heuristic", "native_benchmark",
-                      "--no-interleaved", "--quick", "--steps", "20", "--warmup", "1", "--profile-first",
-                      "--output-dir", tmp_path, "--json", tmp_path / "raw.json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    for case in json.loads((tmp_path / "raw.json").read_text())["cases"]:
-        rows = case["first_step_profile"]
-        assert 0 < len(rows) <= bench_cases.FIRST_STEP_ROWS
-        assert [r["self_ms"] for r in rows] == sorted((r["self_ms"] for r in rows), reverse=True)
-        assert any(r["name"] == "aten::convolution" for r in rows), [r["name"] for r in rows]
-        assert all(r["calls"] >= 1 and r["total_ms"] >= r["self_ms"] >= 0 for r in rows)
 
 
 def test_each_step_profiled_on_its_own_on_the_cpu():
@@ -1163,8 +1130,8 @@ def test_cache_cold_saves_its_file_even_where_its_steady_figures_fail(tmp_path):
     cache_file = tmp_path / "seed.cache"
     code = f"""
 import sys
-sys.path.insert(0, {str(ROOT / "scripts")!r})
-import bench, bench_cases
+sys.path.insert(0, {str(ROOT)!r})
+from benchmarks import models as bench, cases as bench_cases
 def failing(*args, **kwargs):
     raise RuntimeError("the audit failed")
 bench_cases.steady_figures = failing

@@ -1,4 +1,4 @@
-"""scripts/bench_remote.py's report from synthetic results: each target met and missed (its cases run in
+"""The remote store benchmark's report from synthetic results: each target met and missed (its cases run in
 test_remote.py against a real server)."""
 
 import pathlib
@@ -7,8 +7,8 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_remote  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks import remote as bench_remote  # noqa: E402
 
 
 def results(pull_ms, lost=0, not_fastest=0, gap_ms=None, remote_tunes=0):

@@ -1,6 +1,6 @@
 """The NCCL path of cudnn_cache.distributed.sync on two GPUs: two ranks tune a ResNet-50's convolutions,
 each about half, and end with the same entries, which cover the model (a second step under the 'error' miss
-policy runs without a miss); the tuning time is measured against one rank (scripts/bench_distributed.py)."""
+policy runs without a miss); the tuning time is measured against one rank (python3 -m benchmarks distributed)."""
 
 import json
 import math
@@ -20,9 +20,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_two_ranks_tune_resnet50_in_about_half_the_time(child_env, tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 CUDA GPUs for NCCL, this machine shows {torch.cuda.device_count()}")
-    output = tmp_path / "bench_distributed.json"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_distributed.py"), "--world-sizes", "1,2",
-                             "--output", str(output)], env=child_env, capture_output=True, text=True, timeout=1200)
+    output = tmp_path / "distributed.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "distributed", "--world-sizes", "1,2",
+                             "--output", str(output)], env=child_env, capture_output=True, text=True, timeout=1200,
+                            cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     bench = json.loads(output.read_text())
     one, two = bench["runs"]

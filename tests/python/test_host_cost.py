@@ -1,4 +1,4 @@
-"""scripts/host_cost.py on the CPU: the convolutions it records from a bench workload, the rows it reports and
+"""The host-cost benchmark (python3 -m benchmarks host-cost) on the CPU: the convolutions it records from a bench workload, the rows it reports and
 their statistics. (Its figures mean something only on a GPU; the code is the same.)"""
 
 import json
@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 
-import host_cost  # noqa: E402
+from benchmarks import cases, host_cost  # noqa: E402
 
 
 def test_records_every_distinct_convolution_of_the_workload():
@@ -21,18 +21,16 @@ def test_records_every_distinct_convolution_of_the_workload():
 
 
 def test_the_overhead_workload_is_the_eager_training_micro_case():
-    import bench_cases
-
     [convolution] = host_cost.convolutions_of("overhead", __import__("torch").device("cpu"))
-    assert tuple(convolution.x.shape) == bench_cases.TRAIN_INPUT and tuple(convolution.w.shape) == bench_cases.TRAIN_WEIGHT
-    assert convolution.padding == [1, 1] and tuple(convolution.g.shape) == bench_cases.TRAIN_INPUT  # 16 -> 16, same size
+    assert tuple(convolution.x.shape) == cases.TRAIN_INPUT and tuple(convolution.w.shape) == cases.TRAIN_WEIGHT
+    assert convolution.padding == [1, 1] and tuple(convolution.g.shape) == cases.TRAIN_INPUT  # 16 -> 16, same size
 
 
 def test_reports_each_convolution_and_direction_with_paired_differences(tmp_path):
     output = tmp_path / "host_cost.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_cost.py"), "--device", "cpu", "--workload",
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "host-cost", "--device", "cpu", "--workload",
                            "seed", "--rounds", "6", "--calls", "1", "--json", str(output)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(output.read_text())
     rows = report["rows"]
@@ -49,6 +47,6 @@ def test_reports_each_convolution_and_direction_with_paired_differences(tmp_path
 
 
 def test_refuses_too_few_rounds():
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_cost.py"), "--device", "cpu", "--rounds", "5"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "host-cost", "--device", "cpu", "--rounds", "5"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and "--rounds must be >= 6" in done.stderr

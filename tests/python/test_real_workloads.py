@@ -11,8 +11,11 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import real_workloads as rw  # noqa: E402
+sys.path.insert(0, str(ROOT))
+import benchmarks  # noqa: E402
+from benchmarks import real_workloads as rw  # noqa: E402
+
+COMMITTED = ROOT / "benchmarks" / "results" / "real_workloads.json"
 
 
 def case(workload, mode, wall, gpu=None, round_=1, spread=0.01, first=1.0, second=0.5, reserved=4.0):
@@ -103,23 +106,22 @@ def test_rounds_are_paired_and_changing_shapes_have_the_epoch_target():
 
 
 def test_results_go_to_bench_results_unless_update():
-    default = rw.output_paths(None, update=False)
+    default = benchmarks.output_paths(rw.NAME, None, update=False)
     assert default == [ROOT / "bench-results" / "real_workloads.json"]
-    assert not any(rw.RESULTS.parent in path.parents for path in default)
-    assert rw.output_paths(None, update=True) == [*default, ROOT / "benchmarks" / "results" / "real_workloads.json"]
-    assert rw.output_paths("/tmp/x.json", update=False) == [pathlib.Path("/tmp/x.json")]
+    assert not any(COMMITTED.parent in path.parents for path in default)
+    assert benchmarks.output_paths(rw.NAME, None, update=True) == [*default, COMMITTED]
+    assert benchmarks.output_paths(rw.NAME, "/tmp/x.json", update=False) == [pathlib.Path("/tmp/x.json")]
+    assert benchmarks.output_paths(rw.NAME, COMMITTED, update=True) == [COMMITTED]  # not written twice
     assert "/bench-results/" in (ROOT / ".gitignore").read_text().split()
 
 
 def test_failing_commands_and_cases_are_error_records(monkeypatch):
-    import bench  # the runner run_all uses (scripts/ is on the path through real_workloads)
-
-    failed = bench.run_subprocess([sys.executable, "-c", "import sys; print('partial'); sys.exit(3)"], 240)
+    failed = rw.run_subprocess([sys.executable, "-c", "import sys; print('partial'); sys.exit(3)"], 240)
     assert failed["error"].startswith("exit code 3: partial") and "process_s" in failed
-    recorded = bench.run_subprocess([sys.executable, "-c", "print('{\"error\": \"RuntimeError: boom\"}'); exit(1)"],
+    recorded = rw.run_subprocess([sys.executable, "-c", "print('{\"error\": \"RuntimeError: boom\"}'); exit(1)"],
                                     240)
     assert recorded["error"] == "RuntimeError: boom"
-    assert bench.run_subprocess([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)["error"] == \
+    assert rw.run_subprocess([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)["error"] == \
         "timed out after 1 s"
     monkeypatch.setitem(sys.modules, "torchaudio", None)  # import torchaudio raises ImportError
     args = types.SimpleNamespace(device="cpu", seed=0, batch=None, shapes=2, scale=0.1)
@@ -135,10 +137,10 @@ def test_a_case_without_a_gpu_exits_2(capsys):
 
 def test_runner_end_to_end_on_the_cpu(tmp_path):
     output = tmp_path / "out.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_workloads.py"), "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "real-workloads", "--device", "cpu",
                            "--workloads", "gan", "--modes", "native_heuristics,cache_cold,cache_warm", "--batch", "2",
                            "--epoch-steps", "1", "--warmup", "0", "--steps", "2", "--output", str(output)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     report = json.loads(output.read_text())
     assert done.returncode == 1, done.stderr  # cache_warm: the CPU run tunes nothing, so cold saves no file
     assert report["benchmark"] == "real_workloads" and report["complete"] and output.with_suffix(".md").exists()
@@ -147,17 +149,17 @@ def test_runner_end_to_end_on_the_cpu(tmp_path):
     assert native["steady_wall_ms"]["n"] == 2 and len(native["epoch_steps_ms"]) == 2 and native["jit_cache_disabled"]
     assert cold["intercepting"] and cold["cache_file"].endswith("gan-1-cold.cache") and "entries" in cold["stats"]
     assert warm["error"].startswith("skipped") and "| cache_warm | 1 | error: skipped" in done.stdout
-    rendered = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_workloads.py"), "--report",
-                               str(output), str(output)], capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run([sys.executable, "-m", "benchmarks", "real-workloads", "--report",
+                               str(output), str(output)], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert rendered.count("| native_heuristics | 1 |") == 1  # the same case twice: the later replaces it
 
 
 def test_performance_doc_states_the_committed_results_targets():
     """docs/PERFORMANCE.md's real-workloads table is the committed result file's targets, row for row."""
-    committed = json.loads(rw.RESULTS.read_text())
+    committed = json.loads(COMMITTED.read_text())
     doc = (ROOT / "docs" / "PERFORMANCE.md").read_text()
     for target in committed["targets"]:
         row = (f"| {target['workload']} | {target['target']} | {target['value']:.3f} | {target['native']:.3f} "
                f"({target['native_mode']}) | {target['ratio']:.3f} | {target['verdict']} |")
-        assert row in doc, f"docs/PERFORMANCE.md lacks {row}: regenerate its table from {rw.RESULTS}"
+        assert row in doc, f"docs/PERFORMANCE.md lacks {row}: regenerate its table from {COMMITTED}"
     assert rw.targets(committed["cases"]) == committed["targets"], "the result file's targets are stale"

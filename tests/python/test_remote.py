@@ -21,7 +21,8 @@ from cudnn_cache import remote
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-import bench_remote  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks import remote as bench_remote  # noqa: E402
 from redis_server import REDIS_SERVER, RedisServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed (scripts/install_deps.sh "
@@ -146,7 +147,7 @@ def test_16_concurrent_writers_of_1000_entries_lose_nothing_and_keep_the_fastest
 def test_10000_entries_go_up_and_come_back_each_once(cli, synth, server, tmp_path):
     source = synth("big.cache", 10000)
     assert cli("remote", "push", source, server.url).returncode == 0
-    data, report = remote.Remote(server.url).pull()  # its time: scripts/bench_remote.py
+    data, report = remote.Remote(server.url).pull()  # its time: python3 -m benchmarks remote
     assert report.entries == 10000 and report.refused == [] and report.origins == 1
     cudnn_cache._ops.file_write_checkpoint(str(tmp_path / "back.cache"), remote._tensor(data))
     assert same_cache(cli, source, tmp_path / "back.cache")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Remote store benchmark (issue 18): cudnn_cache's Redis layer against a redis-server of its own on loopback.
 
 CPU cases (no GPU needed), on a file of 10,000 synthetic entries:
@@ -15,10 +14,11 @@ the first training step) of ResNet-50 fp32 batch 32, from a local file (cudnn_ca
 alone (an empty local file; cudnn_cache.pull_remote), 7 rounds of each, interleaved, each in its own process
 (target: from the remote within 50 ms of from the local file, the median of the rounds' paired differences).
 
-    python3 scripts/bench_remote.py                  # CPU cases: about a minute
-    python3 scripts/bench_remote.py --gpu            # and the warm start (about four minutes more, on a GPU)
+    python3 -m benchmarks remote                  # CPU cases: about a minute
+    python3 -m benchmarks remote --gpu            # and the warm start (about four minutes more, on a GPU)
 
-Writes --json (default docs/bench_remote.json) and the table next to it (.md). Exit codes: 0 every case ran and
+Writes bench-results/remote.json (with --gpu remote_gpu.json; --json to move it, --update to write
+benchmarks/results/ too) and the table beside it (.md). Exit codes: 0 every case ran and
 every target was met; 1 a case failed or a target was missed; 2 bad arguments, no redis-server, or --gpu without a GPU.
 """
 
@@ -32,12 +32,11 @@ import tempfile
 import time
 from typing import Callable, Dict, List
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks import ROOT, output_paths, write_result
+from benchmarks.stats import median_interval
 
-from bench_stats import median_interval  # noqa: E402
-from redis_server import REDIS_SERVER, RedisServer  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+from redis_server import REDIS_SERVER, RedisServer  # noqa: E402  (the tests' server too)
 
 ENTRIES, WRITERS, WRITER_ENTRIES, PULLS, ROUNDS = 10000, 16, 1000, 7, 7
 TARGETS = {"pull_ms": 100.0, "writers_lost": 0, "warm_start_gap_ms": 50.0}
@@ -263,17 +262,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="also the warm start from the remote store (CUDA GPU)")
     parser.add_argument("--no-cpu", action="store_true", help="leave out the CPU cases")
-    parser.add_argument("--json", default=str(ROOT / "docs" / "bench_remote.json"))
+    parser.add_argument("--json", help="the result file (default bench-results/remote.json, --gpu remote_gpu.json)")
+    parser.add_argument("--update", action="store_true", help="also write the committed one in benchmarks/results/")
     args = parser.parse_args(argv)
     if REDIS_SERVER is None:
-        print("bench_remote.py: redis-server is not installed (scripts/install_deps.sh installs it)", file=sys.stderr)
+        print("remote: redis-server is not installed (scripts/install_deps.sh installs it)", file=sys.stderr)
         return 2
     import platform
 
     import torch
 
     if args.gpu and not torch.cuda.is_available():
-        print("bench_remote.py: --gpu needs a CUDA GPU, and none is visible", file=sys.stderr)
+        print("remote: --gpu needs a CUDA GPU, and none is visible", file=sys.stderr)
         return 2
     redis_version = subprocess.run([REDIS_SERVER, "--version"], capture_output=True, text=True).stdout.split()
     results = {"environment": {"date": time.strftime("%Y-%m-%d"), "redis": redis_version[2].removeprefix("v=") if len(redis_version) > 2
@@ -286,10 +286,8 @@ def main(argv=None) -> int:
         if args.gpu:
             results["gpu"] = gpu_case(pathlib.Path(folder))
     table = report(results)
-    out = pathlib.Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table + "\n")
+    write_result(results, output_paths("remote_gpu.json" if args.gpu else "remote.json", args.json, args.update),
+                 table)
     print(table)
     return 0 if results["all_met"] else 1
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Dynamic-shape benchmark (issue 17): training whose input shapes keep changing, each case in a fresh process.
 
 Two workloads, each an epoch of 25 steps over 24 distinct input shapes in a random order and a smaller last
@@ -17,8 +16,8 @@ libraries, kernels and (in cache_nearest) tuned choice the epochs start from, th
     native_benchmark  benchmark=True: PyTorch times engines on every new shape
     native_benchmark_again
                       the same in another process: native's own spread. Benchmark mode times each engine once
-                      and runs the fastest, so two processes may pick differently; on the H200 they differed by
-                      0.5% on one shape (docs/PERFORMANCE.md, eighth run). Reported beside the next process's
+                      and runs the fastest, so two processes may pick differently (by 0.5% on a shape, as
+                      measured on an H200). Reported beside the next process's
                       targets, as what native itself reads against native_benchmark; not a target
     cache_tune        an empty cache under the 'tune' miss policy: every new shape is tuned on its first step
     cache_nearest     the middle size tuned first (its seed step, under 'tune'), as a file from an earlier run
@@ -50,12 +49,13 @@ native's, and its plans in memory within the bound at every sample.
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
 
-    python3 scripts/bench_dynamic.py                         # both workloads, every mode: 10 minutes on an H200
-    python3 scripts/bench_dynamic.py --workloads audio --modes native_heuristic cache_nearest cache_next
-    python3 scripts/bench_dynamic.py --memory --json docs/bench_memory.json     # the memory case: about a minute
+    python3 -m benchmarks dynamic                  # both workloads, every mode: 10 minutes on an H200
+    python3 -m benchmarks dynamic --workloads audio --modes native_heuristic cache_nearest cache_next
+    python3 -m benchmarks dynamic --memory         # the memory case: about a minute
 
-Writes --json (default docs/bench_dynamic.json: every raw per-case result and the targets) and prints the
-tables (also written next to the JSON as a .md file). Exit codes: 0 every case ran; 1 some case failed; 2 bad
+Writes bench-results/dynamic.json (--memory: dynamic_memory.json; every raw per-case result and the targets;
+--json to move it, --update to write benchmarks/results/ too) and prints the tables (also written beside it as
+.md). Exit codes: 0 every case ran; 1 some case failed; 2 bad
 arguments or no GPU.
 """
 
@@ -65,7 +65,6 @@ import os
 import pathlib
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,11 +72,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
-
-from bench_cases import gpu_time_per_step, in_turn, initialise_libraries, timed  # noqa: E402
-from bench_stats import median_interval  # noqa: E402
+from benchmarks import case_command, output_paths, run_subprocess, write_result
+from benchmarks.cases import gpu_time_per_step, in_turn, initialise_libraries, timed
+from benchmarks.stats import median_interval
 
 MODES = ("native_heuristic", "native_benchmark", "native_benchmark_again", "cache_nearest", "cache_next",
          "cache_tune")  # in run order
@@ -338,18 +335,10 @@ def memory_report(results: List[dict]) -> Tuple[List[str], List[dict]]:
 # The driver and the report
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_subprocess(workload: str, mode: str, cache_file: pathlib.Path, timeout: float) -> dict:
-    command = [sys.executable, __file__, "--case", workload, mode, "--cache-file", str(cache_file)]
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"workload": workload, "mode": mode, "error": f"timed out after {timeout:.0f} s"}
-    if done.returncode != 0:
-        return {"workload": workload, "mode": mode, "error": done.stderr[-3000:]}
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["process_s"] = time.perf_counter() - started
-    return result
+def run_one(workload: str, mode: str, cache_file: pathlib.Path, timeout: float) -> dict:
+    """One case in its own process (run_subprocess), named by its workload and mode however it ends."""
+    command = case_command("dynamic", "--case", workload, mode, "--cache-file", cache_file)
+    return {"workload": workload, "mode": mode, **run_subprocess(command, timeout)}
 
 
 def ratios(case: dict, reference: dict, field: str, steady_key: str = "steady") -> Optional[List[float]]:
@@ -489,12 +478,10 @@ def report(results: List[dict], environment: dict) -> Tuple[str, Dict[str, List[
     return "\n".join(lines), all_targets
 
 
-def write(results: List[dict], environment: dict, out: pathlib.Path) -> str:
+def write(results: List[dict], environment: dict, paths: List[pathlib.Path]) -> str:
     """Writes the JSON and the tables (after every case, so that a run cut short keeps what it measured)."""
     table, targets = report(results, environment)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"environment": environment, "targets": targets, "results": results}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table + "\n")
+    write_result({"environment": environment, "targets": targets, "results": results}, paths, table)
     return table
 
 
@@ -502,7 +489,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument("--json", default=str(ROOT / "docs" / "bench_dynamic.json"))
+    parser.add_argument("--json", help="the result file (default bench-results/dynamic.json, with --memory "
+                                       "dynamic_memory.json)")
+    parser.add_argument("--update", action="store_true", help="also write the committed one in benchmarks/results/")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     parser.add_argument("--memory", action="store_true",
                         help="run the memory case (1,000 shapes) instead of the workloads")
@@ -516,14 +505,15 @@ def main(argv=None) -> int:
     if "cache_next" in args.modes and "cache_nearest" not in args.modes:
         parser.error("cache_next loads the file cache_nearest saves: run both")
     if not torch.cuda.is_available():
-        print("bench_dynamic.py: no CUDA GPU is visible", file=sys.stderr)
+        print("dynamic: no CUDA GPU is visible", file=sys.stderr)
         return 2
     environment = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
-    results, out = [], pathlib.Path(args.json)
+    results = []
+    out = output_paths("dynamic_memory.json" if args.memory else "dynamic.json", args.json, args.update)
     if args.memory:
         for mode in MEMORY_MODES:
-            results.append(run_subprocess("memory", mode, pathlib.Path(os.devnull), args.timeout))
+            results.append(run_one("memory", mode, pathlib.Path(os.devnull), args.timeout))
             table = write(results, environment, out)
         print(table)
         return 1 if any("error" in r for r in results) else 0
@@ -532,7 +522,7 @@ def main(argv=None) -> int:
             cache_file = pathlib.Path(folder) / f"{workload}.cache"
             for mode in MODES:
                 if mode in args.modes:
-                    results.append(run_subprocess(workload, mode, cache_file, args.timeout))
+                    results.append(run_one(workload, mode, cache_file, args.timeout))
                     print(f"{workload} {mode}: " + ("failed" if "error" in results[-1] else
                                                     f"epoch 1 {results[-1]['epoch1']['total_s']:.2f} s"),
                           file=sys.stderr, flush=True)

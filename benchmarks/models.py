@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Whole-model benchmark: cudnn_cache against PyTorch's own cuDNN autotuning, each case in a fresh process.
 
 For every workload, six modes run one after another, each in its own Python process (so no in-process cache
@@ -35,7 +34,7 @@ process initialises CUDA, cuBLAS and cuDNN on an unrelated tiny convolution, so 
 tuning and per-shape set-up only. Per case it reports the first step (s, synchronized) and the second (the
 first warm-up step, timed alone: first minus second is what only a first step pays), the wall-clock time of
 --steps steady steps after --warmup steps (ms, synchronized per step) and the GPU time of --steps more steps
-(torch.profiler, each step on its own), each as a median with its 95% interval (bench_stats.py), the tuning
+(torch.profiler, each step on its own), each as a median with its 95% interval (stats.py), the tuning
 estimate (first step minus the median steady step), the cache load and prepare times, and the cache counters
 (tuning and plan-build time among them). A separate micro case measures host overhead per call: a tiny
 convolution's forward, native F.conv2d against the op torch.ops.cudnn_cache.convolution called directly and
@@ -62,44 +61,41 @@ Targets, checked per workload from its cases and once for the op's host overhead
 
 Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
 
-    python3 scripts/bench.py                                   # everything: about 3-6 minutes on an H200
-    python3 scripts/bench.py --quick                           # 20 steps, seed, ResNet-18, MobileNetV2, overhead
-    python3 scripts/bench.py --workloads resnet18_fp16_cl seed --modes native_heuristic cache_cold cache_warm
-    python3 scripts/bench.py --backend legacy --steps 50 --timeout 300 --output-dir /tmp/bench
-    python3 scripts/bench.py --workloads mobilenet_v2_bf16_cl --modes native_heuristic cache_cold --rounds 3
+    python3 -m benchmarks models                                   # everything: about 3-6 minutes on an H200
+    python3 -m benchmarks models --quick                           # 20 steps, seed, ResNet-18, MobileNetV2, overhead
+    python3 -m benchmarks models --workloads resnet18_fp16_cl seed --modes native_heuristic cache_cold cache_warm
+    python3 -m benchmarks models --backend legacy --steps 50 --timeout 300 --output-dir /tmp/bench
+    python3 -m benchmarks models --workloads mobilenet_v2_bf16_cl --modes native_heuristic cache_cold --rounds 3
 
-Writes <output-dir>/bench.json (environment, settings, every raw per-case result, the targets; --json to move
-it), <output-dir>/bench.md (the tables, also printed) and <output-dir>/bench.png (needs matplotlib; skipped
-with a message without it). A case that fails or times out is recorded with its error text and the run goes on.
-The JSON is written again after every case, with "complete": false until the last one has run, so a run killed
-by a time limit (a GPU machine's per-call limit) keeps what it finished; --combine takes such a file too.
+Writes bench-results/models.json (environment, settings, every raw per-case result, the targets; --json to
+move it, --update to write benchmarks/results/models.json too), models.md (the tables, also printed) and
+models.png (needs matplotlib; skipped with a message without it) beside each. A case that fails or times out
+is recorded with its error text and the run goes on. The JSON is written again after every case, with
+"complete": false until the last one has run, so a run killed by a time limit (a GPU machine's per-call limit)
+keeps what it finished; --combine takes such a file too.
 
 Exit codes: 0 every case ran; 1 some case failed (the reports are still written); 2 bad arguments or no GPU.
 
-This file is the command line and the driver. The cases (what each fresh process runs) are in bench_cases.py,
-the derived figures, targets and tables in bench_report.py, the chart in bench_plot.py.
+This file is the command line and the driver. The cases (what each fresh process runs) are in cases.py, the
+derived figures, targets and tables in report.py, the chart in plot.py.
 """
 
 import argparse
 import datetime
-import json
 import pathlib
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Callable, List, Optional
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-from bench_cases import (INTERLEAVED, INTERLEAVED_NATIVE, LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS,  # noqa: E402
-                         run_case, tuning_arguments)
-from bench_plot import plot  # noqa: E402
-from bench_report import add_derived, check_targets, combine, markdown, merge_rounds, notes  # noqa: E402
-from bench_stats import format_interval  # noqa: E402
+from benchmarks import case_command as module_command, output_paths, run_subprocess, write_result
+from benchmarks.cases import (INTERLEAVED, INTERLEAVED_NATIVE, LOADS_COLD_FILE, MODES, OVERHEAD, WORKLOADS,
+                              run_case, tuning_arguments)
+from benchmarks.plot import plot
+from benchmarks.report import add_derived, check_targets, combine, markdown, merge_rounds, notes
+from benchmarks.stats import format_interval
 
 QUICK_WORKLOADS = ("seed", "resnet18_fp16_cl", "mobilenet_v2_bf16_cl", OVERHEAD)  # what --quick runs
 BACKENDS = ("graph", "legacy")  # cudnn_cache.set_backend
@@ -110,33 +106,9 @@ MIN_STEPS_QUICK = 20  # in a --quick run; torch.profiler covers as many
 # The driver: one subprocess per case
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_subprocess(command: List[str], timeout: float, env: Optional[dict] = None) -> dict:
-    """Runs one case's command (in `env`, default this process's environment); returns the JSON object of its
-    last '{' stdout line, or {'error': text} when it fails, times out or prints none; a case that reports its own
-    {'error': ...} and fails keeps that. Adds process_s (the process's wall time) either way. The case's stderr (a
-    CUDNN_CACHE_LOG log, warnings) goes on to this process's stderr once it ends, however it ends."""
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as expired:
-        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr
-        sys.stderr.write(stderr or "")
-        return {"error": f"timed out after {timeout:g} s\n{(stderr or '')[-2000:]}".strip(),
-                "process_s": time.perf_counter() - started}
-    elapsed = time.perf_counter() - started
-    sys.stderr.write(done.stderr)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {}
-    if "error" not in result and (done.returncode != 0 or not lines):
-        text = (done.stderr.strip() or done.stdout.strip() or "no output")[-2000:]
-        result = {"error": f"exit code {done.returncode}: {text}"}
-    result["process_s"] = elapsed
-    return result
-
-
 def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[str]:
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--case", case, "--device", args.device,
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--backend", args.backend]
+    command = module_command("models", "--case", case, "--device", args.device, "--steps", args.steps,
+                             "--warmup", args.warmup, "--backend", args.backend)
     if cache_file is not None:
         command += ["--cache-file", str(cache_file)]
     if args.audit:
@@ -144,10 +116,6 @@ def case_command(case: str, args, cache_file: Optional[pathlib.Path]) -> List[st
         if args.audit_rounds is not None:
             command += ["--audit-rounds", str(args.audit_rounds)]
     command.append("--settle" if args.settle else "--no-settle")
-    if args.profile_first:
-        command.append("--profile-first")
-    if args.prepare_in_background:
-        command.append("--prepare-in-background")
     if args.quick:
         command.append("--quick")  # which allows fewer --steps
     command += ["--tuning", *(f"{name}={int(value) if isinstance(value, bool) else value}"
@@ -234,25 +202,16 @@ def environment(device: str) -> dict:
     }
 
 
-def write_json(report: dict, json_path: pathlib.Path) -> None:
-    """Adds the derived columns and the targets and writes the JSON (whole or not at all: a reader never sees
-    half a file, though the run that writes it may be killed)."""
+def write_reports(report: dict, paths: List[pathlib.Path], tables: bool = True) -> str:
+    """Adds the derived columns and the targets and writes the JSON at each path (write_result); with `tables`,
+    the markdown and the chart (when matplotlib is there) beside each. Returns the markdown."""
     add_derived(report["cases"])
     report["targets"] = check_targets(report)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    part = json_path.with_name(json_path.name + ".part")
-    part.write_text(json.dumps(report, indent=2) + "\n")
-    part.replace(json_path)
-
-
-def write_reports(report: dict, json_path: pathlib.Path, output_dir: pathlib.Path) -> str:
-    """write_json, then the markdown tables and the chart (when matplotlib is there); returns the markdown."""
-    write_json(report, json_path)
-    text = markdown(report)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "bench.md").write_text(text)
-    if plot(report, output_dir / "bench.png"):
-        print(f"bench: wrote {output_dir / 'bench.png'}")
+    text = markdown(report) if tables else None
+    write_result(report, paths, text)
+    for path in paths if tables else []:
+        if plot(report, path.with_suffix(".png")):
+            print(f"bench: wrote {path.with_suffix('.png')}")
     return text
 
 
@@ -304,22 +263,16 @@ def parse_args(argv=None):
                              f"--quick >= {MIN_STEPS_QUICK}; default 30, --quick 20); the overhead case runs 300 rounds, "
                              f"or this many if more (with --quick, this many)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 5, --quick 3)")
-    parser.add_argument("--output-dir", type=pathlib.Path, default=ROOT / "docs",
-                        help="where bench.md and bench.png go (default: docs/ of the repository)")
-    parser.add_argument("--json", type=pathlib.Path, help="the JSON report (default: OUTPUT_DIR/bench.json)")
+    parser.add_argument("--output-dir", type=pathlib.Path,
+                        help="where models.json, models.md and models.png go (default: bench-results/)")
+    parser.add_argument("--json", type=pathlib.Path, help="the JSON report (default: OUTPUT_DIR/models.json; the "
+                                                          ".md and .png beside it)")
+    parser.add_argument("--update", action="store_true",
+                        help="also write the committed benchmarks/results/models.json (.md, .png)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run each workload's modes this many times in turn, each case a fresh process every "
                              "time; first steps, start-up and tuning are reported as medians over the rounds, "
                              "with their range (default 1)")
-    parser.add_argument("--profile-first", action="store_true",
-                        help="profile each training case's first step with torch.profiler (which slows it): the "
-                             "operators and CUDA calls that take its host time, in the JSON as first_step_profile. "
-                             "The profiler may stay attached to the process afterwards, so the rest of such a run "
-                             "(tuning, steps, audit) is measured under it (Note [Profiling last], bench_cases.py)")
-    parser.add_argument("--prepare-in-background", action="store_true",
-                        help="the modes that load cache_cold's file start prepare(background=True) and go on to "
-                             "the first step at once, which builds what the background has not built yet; prepare "
-                             "counts its start, and its plans are counted after the first step")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case process (default 180)")
     # Internal: --case runs one case in this process (WORKLOAD:MODE or 'overhead') and prints one JSON line;
     # --device cpu runs everything on the CPU, to test the plumbing without a GPU.
@@ -350,7 +303,8 @@ def parse_args(argv=None):
     args.tuning = tuning_arguments(args.tuning, parser.error)
     if args.settle is None:  # as scripts/warm_start.py decides it
         args.settle = bool(args.tuning.get("exhaustive", False))
-    args.json = args.json or args.output_dir / "bench.json"
+    args.paths = output_paths("models.json", args.json or (args.output_dir and args.output_dir / "models.json"),
+                              args.update)
     return args
 
 
@@ -358,8 +312,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.combine:
         report = combine(args.combine)
-        print(write_reports(report, args.json, args.output_dir))
-        print(f"bench: combined {len(args.combine)} runs into {args.json} and {args.output_dir / 'bench.md'}")
+        print(write_reports(report, args.paths))
+        print(f"bench: combined {len(args.combine)} runs into {', '.join(map(str, args.paths))}")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench: no CUDA GPU is visible (torch.cuda.is_available() is False); this benchmark times cuDNN and "
@@ -372,7 +326,6 @@ def main(argv=None) -> int:
                 "settle": args.settle,
                 "interleaved": args.interleaved,
                 "interleaved_against": args.interleaved_against, "tuning": args.tuning,
-                "prepare_in_background": args.prepare_in_background,
                 "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "timeout_s": args.timeout,
                 "device": args.device}
     report = {"environment": environment(args.device), "settings": settings, "notes": notes(settings),
@@ -380,13 +333,13 @@ def main(argv=None) -> int:
 
     def keep(results: dict) -> None:  # after every case: a run killed by a time limit keeps the cases it finished
         report.update(results)
-        write_json(report, args.json)
+        write_reports(report, args.paths, tables=False)
 
     report.update(run_all(args, keep))
     report["complete"] = True
     print()
-    print(write_reports(report, args.json, args.output_dir))
-    print(f"bench: wrote {args.json} and {args.output_dir / 'bench.md'}")
+    print(write_reports(report, args.paths))
+    print(f"bench: wrote {', '.join(map(str, args.paths))} and the .md beside each")
     results = report["cases"] + ([report["overhead"]] if report["overhead"] else [])
     return 1 if any("error" in result for result in results) else 0
 

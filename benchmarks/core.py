@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Runs the core micro-benchmarks (tests/bench/bench_core.cpp) and checks them against their targets.
 
-Writes the raw Google Benchmark JSON plus a summary to --json (default docs/bench_core.json) and prints a
-markdown table. With --check, exits 1 when a target is missed.
+Writes the raw Google Benchmark JSON plus a summary to bench-results/core.json (--json to move it, --update:
+benchmarks/results/core.json too) and prints a markdown table. With --check, exits 1 when a target is missed.
 """
 
 import argparse
@@ -13,7 +12,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from benchmarks import ROOT, output_paths, write_result
 
 # benchmark name -> (what it measures, target, unit)
 TARGETS = {
@@ -38,13 +37,14 @@ TARGETS = {
 }
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--build-dir", default=str(ROOT / "build"))
-    parser.add_argument("--json", default=str(ROOT / "docs" / "bench_core.json"))
+    parser.add_argument("--json", help="the result file (default bench-results/core.json)")
+    parser.add_argument("--update", action="store_true", help="also write benchmarks/results/core.json")
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     binary = pathlib.Path(args.build_dir) / "tests" / "cudnn_cache_bench"
     if not binary.exists():
@@ -68,16 +68,15 @@ def main() -> int:
 
     summary = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpu": report["context"].get("num_cpus"),
                "rows": rows, "google_benchmark": report}
-    out = pathlib.Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    paths = output_paths("core.json", args.json, args.update)
+    write_result(summary, paths)
 
     print("| benchmark | median | target | verdict |")
     print("|---|---|---|---|")
     for row in rows:
         target = "-" if row["target"] is None else f"<= {row['target']:g} {row['unit']}"
         print(f"| {row['what']} | {row['median']:.1f} {row['unit']} | {target} | {row['verdict']} |")
-    print(f"\nJSON: {out}")
+    print(f"\nJSON: {', '.join(map(str, paths))}")
     return 1 if (args.check and missed) else 0
 
 

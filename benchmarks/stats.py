@@ -1,4 +1,4 @@
-"""The statistics of scripts/bench.py's figures: a median with its 95% interval, and whether two overlap.
+"""The statistics of the benchmarks' figures: a median with its 95% interval, and whether two overlap.
 
 Note [The bench's intervals]
 The interval is the distribution-free 95% confidence interval of the median from order statistics: with n

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Distributed tuning, measured: how long N ranks take to tune a model's convolutions with
 cudnn_cache.distributed.sync(), against one rank doing it all (needs N GPUs of one machine, NCCL).
 
@@ -7,8 +6,10 @@ For each world size, fresh processes (one per GPU, nothing cached) run one forwa
 prints one JSON object: per world size the keys, what each rank tuned, the tuning and sync times (the slowest
 rank's), and whether all ranks ended with the same entries; then the speedup of each world size over one rank.
 
-    python3 scripts/bench_distributed.py                                  # ResNet-50, batch 32, 1 and 2 GPUs
-    python3 scripts/bench_distributed.py --world-sizes 1,2,4 --dtype bfloat16 --channels-last --output r.json
+    python3 -m benchmarks distributed                                  # ResNet-50, batch 32, 1 and 2 GPUs
+    python3 -m benchmarks distributed --world-sizes 1,2,4 --dtype bfloat16 --channels-last --output r.json
+
+Writes bench-results/distributed.json (--output to move it, --update: benchmarks/results/distributed.json too).
 
 Exit codes: 0 done; 1 a run failed or its ranks disagree; 2 bad arguments or too few GPUs.
 """
@@ -23,7 +24,7 @@ import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "torch_ops"))  # a source checkout
+from benchmarks import output_paths, write_result
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -37,7 +38,8 @@ def parse_args(argv):
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--backend", choices=["graph", "legacy"], default=None, help="default: cudnn_cache's")
     parser.add_argument("--world-sizes", default="1,2", help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--output", help="also write the JSON here")
+    parser.add_argument("--output", help="the result file (default bench-results/distributed.json)")
+    parser.add_argument("--update", action="store_true", help="also write benchmarks/results/distributed.json")
     args = parser.parse_args(argv)
     try:
         args.shape = tuple(int(v) for v in args.shape.split(","))
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     available = torch.cuda.device_count()
     if available < max(args.world_sizes):
-        print(f"bench_distributed: --world-sizes needs {max(args.world_sizes)} GPUs, this machine shows {available}",
+        print(f"distributed: --world-sizes needs {max(args.world_sizes)} GPUs, this machine shows {available}",
               file=sys.stderr)
         return 2
     runs = [run_world(args, world_size) for world_size in args.world_sizes]
@@ -137,10 +139,8 @@ def main(argv=None) -> int:
         "sync_speedup": {str(run["world_size"]): baseline["sync_s"] / run["sync_s"]
                          for run in runs} if baseline else {},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        pathlib.Path(args.output).write_text(text + "\n")
+    print(json.dumps(result, indent=2))
+    write_result(result, output_paths("distributed.json", args.output, args.update))
     ok = all(run["consistent"] and run["failed"] == 0 for run in runs)
     return 0 if ok else 1
 

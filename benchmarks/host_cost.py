@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Host time per cuDNN call, per convolution of a bench workload and per direction: natively (with cuDNN's
 heuristics, and with benchmark mode's timed picks) and through the cache (the op a converted model calls, and
 PyTorch's own call under intercept).
 
-When a host-bound step is slower through cudnn_cache than natively (scripts/bench.py's interleaved cases say
+When a host-bound step is slower through cudnn_cache than natively (the models benchmark's interleaved cases say
 how much), this tells which convolution and which direction pays: it records every convolution of the workload's
 model (shapes, strides, dtype, layout, parameters), tunes each into the cache, then times each direction's call
 in a TorchScript loop (no Python argument parsing on either side), the four ways in turn, over interleaved
@@ -11,28 +10,26 @@ rounds. Per key and direction it prints native's host time per call and each oth
 with its 95% interval (the differences paired per round), with the config the cache stored; at the end, their
 sum over one training step of the model.
 
-    python3 scripts/host_cost.py --workload seed
-    python3 scripts/host_cost.py --workload resnet50_bf16_cl --rounds 30 --json /tmp/host_cost.json
+    python3 -m benchmarks host-cost --workload seed
+    python3 -m benchmarks host-cost --workload resnet50_bf16_cl --rounds 30 --json /tmp/host_cost.json
+
+Writes bench-results/host_cost.json (--json to move it; --update: benchmarks/results/host_cost.json too).
 
 Needs a CUDA GPU for figures that mean anything; --device cpu runs the same code on ATen's CPU kernels (a smoke
 test: there is no cuDNN, so nothing is tuned and intercept has nothing to take).
 """
 
 import argparse
-import json
 import pathlib
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
-
-from bench_cases import (OVERHEAD, TRAIN_INPUT, TRAIN_WEIGHT, WORKLOADS, device_of, in_turn,  # noqa: E402
-                         model_and_input, synchronize)
-from bench_stats import median_interval  # noqa: E402
+from benchmarks import output_paths, write_result
+from benchmarks.cases import OVERHEAD, TRAIN_INPUT, TRAIN_WEIGHT, WORKLOADS, in_turn, model_and_input, synchronize
+from benchmarks.stats import median_interval
 
 # The three cuDNN directions one at a time, and "backward": both gradients in one call, as a training step's
 # backward asks for them (aten::convolution_backward with both in its mask; the cache's _convolution_backward).
@@ -166,7 +163,7 @@ class Convolution:
 
 def convolutions_of(workload: str, device: torch.device) -> List[Convolution]:
     """The model's distinct (non-transposed) convolutions, recorded by forward hooks on one forward pass; for
-    'overhead', the convolution of bench.py's eager training micro case."""
+    'overhead', the convolution of the models benchmark's eager training micro case."""
     if workload == OVERHEAD:
         module = torch.nn.Conv2d(TRAIN_WEIGHT[1], TRAIN_WEIGHT[0], TRAIN_WEIGHT[2:], padding=1, bias=False).to(device)
         x = torch.rand(TRAIN_INPUT, device=device)
@@ -207,6 +204,18 @@ def stored_config(convolution: Convolution, direction: str) -> dict:
     best = ranking[0]
     return {name: best[name] for name in ("engine", "algorithm", "workspace_bytes", "runtime_compiled", "time_ms")
             if name in best}
+
+
+def device_of(parser, args, tool: str) -> Optional[torch.device]:
+    """The --device of a measuring tool with --rounds: refuses fewer than 6
+    rounds through the parser; None, having said why, where CUDA is asked for and there is none."""
+    if args.rounds < 6:
+        parser.error("--rounds must be >= 6: a 95% interval of a median needs 6 values")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{tool}: no CUDA GPU is visible; --device cpu runs the smoke test", file=sys.stderr)
+        return None
+    return device
 
 
 def measure(convolutions: List[Convolution], device: torch.device, rounds: int, calls: int) -> List[dict]:
@@ -286,13 +295,14 @@ def table(rows: List[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, OVERHEAD], default="seed",
-                        help="a workload of scripts/bench.py (default seed), or 'overhead': the convolution of its "
+                        help="a workload of the models benchmark (default seed), or 'overhead': the convolution of its "
                              "eager training micro case")
     parser.add_argument("--rounds", type=int, default=60, help="interleaved rounds (default 60; at least 6)")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop (default 200)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--backend", choices=("graph", "legacy"), default="graph")
-    parser.add_argument("--json", type=pathlib.Path, help="also write the rows as JSON here")
+    parser.add_argument("--json", type=pathlib.Path, help="the result file (default bench-results/host_cost.json)")
+    parser.add_argument("--update", action="store_true", help="also write benchmarks/results/host_cost.json")
     args = parser.parse_args(argv)
     device = device_of(parser, args, "host_cost")
     if device is None:
@@ -305,9 +315,8 @@ def main(argv=None) -> int:
     print(f"{args.workload}: {len(convolutions)} distinct convolutions, {args.rounds} rounds of {args.calls} calls, "
           f"{device}, backend {args.backend}\n")
     print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps({"workload": args.workload, "device": str(device), "rounds": args.rounds,
-                                         "calls": args.calls, "backend": args.backend, "rows": rows}, indent=2))
+    write_result({"workload": args.workload, "device": str(device), "rounds": args.rounds, "calls": args.calls,
+                  "backend": args.backend, "rows": rows}, output_paths("host_cost.json", args.json, args.update))
     return 0
 
 

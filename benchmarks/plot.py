@@ -1,10 +1,10 @@
-"""scripts/bench.py's chart: grouped bars per workload (needs matplotlib)."""
+"""The models benchmark's chart: grouped bars per workload (needs matplotlib)."""
 
 import math
 import pathlib
 
-from bench_cases import MODES
-from bench_report import successful, workload_label
+from benchmarks.cases import MODES
+from benchmarks.report import successful, workload_label
 
 def plot(report: dict, path: pathlib.Path) -> bool:
     """Grouped bars per workload, on log scales: steady step and first step per mode, and (when cache_warm ran)

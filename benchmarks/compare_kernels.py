@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """One convolution, natively and through the cache: which kernels each runs, and for how long.
 
 When a network is slower through cudnn_cache than natively, this tells which layer and which direction: it
@@ -7,8 +6,8 @@ and cudnn_cache (tuned first, then intercepting PyTorch's call), each warmed up,
 torch.profiler records per call with their mean times, plus cudnn_cache.audit() for the cache's entries. The
 tunings and the audit run before anything is profiled.
 
-    python3 scripts/compare_kernels.py --input 32,3,224,224 --weight 64,3,7,7 --stride 2 --padding 3
-    python3 scripts/compare_kernels.py --input 64,256,56,56 --weight 64,256,1,1 --dtype bfloat16 --channels-last
+    python3 -m benchmarks compare-kernels --input 32,3,224,224 --weight 64,3,7,7 --stride 2 --padding 3
+    python3 -m benchmarks compare-kernels --input 64,256,56,56 --weight 64,256,1,1 --dtype bfloat16 --channels-last
 
 Writes JSON to --output (default: stdout only). Needs a CUDA GPU.
 """
@@ -16,14 +15,74 @@ Writes JSON to --output (default: stdout only). Needs a CUDA GPU.
 import argparse
 import json
 import sys
-from typing import Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from bench_cases import add_convolution_arguments, check_convolution, convolution_operands
-
 CALLS = 20
+CONVOLUTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The per-spatial-dimension arguments of one convolution and the value each takes when not given.
+CONVOLUTION_DEFAULTS = (("stride", 1), ("padding", 0), ("dilation", 1))
+
+
+def sizes(text: str) -> Tuple[int, ...]:
+    """'64,208,14,14' -> (64, 208, 14, 14), for argparse."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers (e.g. 64,208,14,14)") from None
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes are not negative")
+    return values
+
+
+def add_convolution_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments that name one convolution; check them with check_convolution, make its operands with
+    convolution_operands."""
+    parser.add_argument("--input", type=sizes, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
+    parser.add_argument("--weight", type=sizes, required=True,
+                        help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
+    for name, default in CONVOLUTION_DEFAULTS:
+        parser.add_argument(f"--{name}", type=sizes, help=f"one value per spatial dimension, or one for all (default "
+                                                          f"{default})")
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--dtype", choices=sorted(CONVOLUTION_DTYPES), default="float32")
+    parser.add_argument("--channels-last", action="store_true", help="input and weight in channels_last")
+
+
+def check_convolution(args: argparse.Namespace, error: Callable[[str], None]) -> None:
+    """add_convolution_arguments' values checked against each other, before any GPU time is spent (`error` is
+    argparse's parser.error); stride, padding and dilation get one value per spatial dimension."""
+    spatial = len(args.input) - 2
+    if spatial < 1 or len(args.weight) != len(args.input):
+        error(f"--input {args.input} and --weight {args.weight}: both N,C and at least one spatial size, "
+              "of the same length")
+    if args.groups < 1 or args.input[1] % args.groups or args.weight[0] % args.groups or \
+            args.weight[1] * args.groups != args.input[1]:
+        error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
+              f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
+    for name, default in CONVOLUTION_DEFAULTS:
+        value = getattr(args, name)
+        if value is None:
+            setattr(args, name, (default,) * spatial)
+        elif len(value) == 1:
+            setattr(args, name, value * spatial)
+        elif len(value) != spatial:
+            error(f"--{name} {value}: one value per spatial dimension ({spatial}), or one for all")
+    if args.channels_last and len(args.input) not in (4, 5):
+        error(f"--channels-last: a 2-D or 3-D convolution's layout, not one of --input {args.input}")
+
+
+def convolution_operands(args: argparse.Namespace, device: str = "cuda") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Random input and weight of the checked convolution (check_convolution), channels_last where asked."""
+    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}[len(args.input)] if args.channels_last \
+        else torch.contiguous_format
+    options = {"device": device, "dtype": CONVOLUTION_DTYPES[args.dtype]}
+    return tuple(torch.randn(shape, **options).contiguous(memory_format=memory_format)
+                 for shape in (args.input, args.weight))
+
 
 
 def kernels(call, calls: int = CALLS) -> List[Dict]:
@@ -70,7 +129,7 @@ def main(argv=None) -> int:
     report = {"problem": vars(args), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "modes": {}}
     # Everything that times (cudnn_cache's search and audit, native benchmark mode's first calls) before the
-    # first profiler session, which may leave CUPTI attached (Note [Profiling last] in bench_cases.py).
+    # first profiler session, which may leave CUPTI attached (Note [Profiling last] in cases.py).
     cudnn_cache.intercept(True)
     training()  # tunes the three directions
     report["audit"] = cudnn_cache.audit()

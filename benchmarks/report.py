@@ -1,4 +1,4 @@
-"""scripts/bench.py's reports: the derived figures, the targets, the markdown tables, and --combine's merge of
+"""The models benchmark's reports: the derived figures, the targets, the markdown tables, and --combine's merge of
 the JSON reports of several runs."""
 
 import json
@@ -7,8 +7,8 @@ import pathlib
 import statistics
 from typing import Dict, List, Optional, Tuple
 
-from bench_cases import AUDIT_NOISE, INTERLEAVED_NATIVE, OVERHEAD, OVERHEAD_LABELS, WORKLOADS
-from bench_stats import format_interval, intervals_overlap, median_interval
+from benchmarks.cases import AUDIT_NOISE, INTERLEAVED_NATIVE, OVERHEAD, OVERHEAD_LABELS, WORKLOADS
+from benchmarks.stats import format_interval, intervals_overlap, median_interval
 
 # The targets (see check_targets).
 TARGET_WARM_START_S = 0.3          # import + load + prepare + first step (cache_warm); import + first step (cache_env)
@@ -35,7 +35,7 @@ def successful(cases: List[dict]) -> Dict[Tuple[str, str], dict]:
 NATIVE_MODES = ("native_benchmark", "native_heuristic")
 # Each a median_interval result per case, in ms: the wall step; the GPU time per step torch.profiler records
 # (gpu_ms); the GPU time of the step captured in a CUDA graph, each replay timed by CUDA events (graph_ms, Note
-# [GPU time without a profiler] in bench_cases.py). The GPU clocks are null on the CPU, graph_ms where the step
+# [GPU time without a profiler] in cases.py). The GPU clocks are null on the CPU, graph_ms where the step
 # could not be captured (and in runs before it was measured).
 CLOCKS = ("wall_ms", "gpu_ms", "graph_ms")
 GPU_CLOCK_NAMES = {"graph_ms": "graph replay", "gpu_ms": "profiler"}
@@ -395,7 +395,7 @@ def steady_row(case: dict) -> List[str]:
     derived, stats = case["derived"], case.get("stats")
     counters = plans = "-"
     if stats is not None:
-        # Runs of earlier versions (docs/bench-*.json) lack the later counters: '-'.
+        # Result files of earlier versions lack the later counters: '-'.
         counters = " / ".join(str(stats.get(k, "-")) for k in ("hits", "misses", "tunes", "tune_waits", "fallbacks"))
         plans = " / ".join(str(stats.get(k, "-"))
                            for k in ("plans_built", "plans_deserialized", "plan_rebuilds", "plan_evictions"))
@@ -537,7 +537,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# cudnn_cache against native cuDNN autotuning: whole training steps", "",
         f"{env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}), cuDNN {env['cudnn']}; {env['date']}. "
-        f"Each case ran in a fresh process (`scripts/bench.py`); cache backend '{report['settings']['backend']}'.",
+        f"Each case ran in a fresh process (`python3 -m benchmarks models`); cache backend '{report['settings']['backend']}'.",
     ]
     if report.get("complete") is False:
         cut = [part["file"] for part in report["settings"].get("parts", []) if not part["complete"]]
@@ -594,10 +594,7 @@ def notes(settings: dict) -> List[str]:
         "load + prepare + first step. cache_env: a process as CUDNN_CACHE_PATH starts it (the import loads the "
         "file and routes PyTorch's convolutions through the cache; its first convolution starts prepare() in the "
         "background, and the calls build what it has not built yet), "
-        "with miss policy 'error'; its stats count from the process's start, the set-up convolution included." + (
-            " With --prepare-in-background: prepare(background=True), timed to its return (it starts the builds), "
-            "and the first step goes on at once, building what the background has not built yet; the plans are "
-            "counted after the first step." if settings.get("prepare_in_background") else ""),
+        "with miss policy 'error'; its stats count from the process's start, the set-up convolution included.",
         "wall ÷ bench: the wall-clock median ÷ native_benchmark's; wall ÷ better native, GPU ÷ better native, "
         "graph ÷ better native: "
         "each clock's median ÷ that of whichever of native_benchmark and native_heuristic has the lower median on "

@@ -1,26 +1,20 @@
-"""scripts/bench.py's cases, each run in its own process (bench.py --case WORKLOAD:MODE or --case overhead):
-the training case of a workload in one mode, the host-overhead micro case, and the per-key audit after
-cache_cold. Each prints its result as one JSON line; scripts/bench_report.py turns them into the reports."""
+"""The models benchmark's cases, each run in its own process (python3 -m benchmarks.models --case WORKLOAD:MODE
+or --case overhead): the training case of a workload in one mode, the host-overhead micro case, and the per-key
+audit after cache_cold. Each prints its result as one JSON line; report.py turns them into the reports."""
 
-import argparse
 import dataclasses
 import json
 import math
 import os
-import pathlib
 import random
 import statistics
-import sys
 import time
 import warnings
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "torch_ops"))  # `import cudnn_cache` from the source checkout (ops in build/)
-
-from bench_stats import median_interval  # noqa: E402
+from benchmarks.stats import median_interval
 
 # cudnn_cache.set_tuning_options' options that are flags, and the one that is a ratio; the rest are counts.
 TUNING_FLAGS = ("flush_l2", "exhaustive", "prefetch_backward", "rank_deterministic")
@@ -44,69 +38,6 @@ def tuning_arguments(items: List[str], error: Callable[[str], None]) -> Dict[str
             continue
         tuning[name] = bool(number) if name in TUNING_FLAGS else number
     return tuning
-
-
-CONVOLUTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The per-spatial-dimension arguments of one convolution and the value each takes when not given.
-CONVOLUTION_DEFAULTS = (("stride", 1), ("padding", 0), ("dilation", 1))
-
-
-def sizes(text: str) -> Tuple[int, ...]:
-    """'64,208,14,14' -> (64, 208, 14, 14), for argparse."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers (e.g. 64,208,14,14)") from None
-    if any(value < 0 for value in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes are not negative")
-    return values
-
-
-def add_convolution_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of the scripts that take one convolution (compare_kernels.py, key_probe.py); check them with
-    check_convolution, make its operands with convolution_operands."""
-    parser.add_argument("--input", type=sizes, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
-    parser.add_argument("--weight", type=sizes, required=True,
-                        help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
-    for name, default in CONVOLUTION_DEFAULTS:
-        parser.add_argument(f"--{name}", type=sizes, help=f"one value per spatial dimension, or one for all (default "
-                                                          f"{default})")
-    parser.add_argument("--groups", type=int, default=1)
-    parser.add_argument("--dtype", choices=sorted(CONVOLUTION_DTYPES), default="float32")
-    parser.add_argument("--channels-last", action="store_true", help="input and weight in channels_last")
-
-
-def check_convolution(args: argparse.Namespace, error: Callable[[str], None]) -> None:
-    """add_convolution_arguments' values checked against each other, before any GPU time is spent (`error` is
-    argparse's parser.error); stride, padding and dilation get one value per spatial dimension."""
-    spatial = len(args.input) - 2
-    if spatial < 1 or len(args.weight) != len(args.input):
-        error(f"--input {args.input} and --weight {args.weight}: both N,C and at least one spatial size, "
-              "of the same length")
-    if args.groups < 1 or args.input[1] % args.groups or args.weight[0] % args.groups or \
-            args.weight[1] * args.groups != args.input[1]:
-        error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
-              f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
-    for name, default in CONVOLUTION_DEFAULTS:
-        value = getattr(args, name)
-        if value is None:
-            setattr(args, name, (default,) * spatial)
-        elif len(value) == 1:
-            setattr(args, name, value * spatial)
-        elif len(value) != spatial:
-            error(f"--{name} {value}: one value per spatial dimension ({spatial}), or one for all")
-    if args.channels_last and len(args.input) not in (4, 5):
-        error(f"--channels-last: a 2-D or 3-D convolution's layout, not one of --input {args.input}")
-
-
-def convolution_operands(args: argparse.Namespace, device: str = "cuda") -> Tuple[torch.Tensor, torch.Tensor]:
-    """Random input and weight of the checked convolution (check_convolution), channels_last where asked."""
-    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}[len(args.input)] if args.channels_last \
-        else torch.contiguous_format
-    options = {"device": device, "dtype": CONVOLUTION_DTYPES[args.dtype]}
-    return tuple(torch.randn(shape, **options).contiguous(memory_format=memory_format)
-                 for shape in (args.input, args.weight))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,18 +144,6 @@ def in_turn(items: List[str], round_index: int) -> List[str]:
     order = list(items)
     random.Random(round_index).shuffle(order)
     return order
-
-
-def device_of(parser, args, tool: str) -> Optional[torch.device]:
-    """The --device of a measuring tool with --rounds (host_cost.py, layer_time.py): refuses fewer than 6
-    rounds through the parser; None, having said why, where CUDA is asked for and there is none."""
-    if args.rounds < 6:
-        parser.error("--rounds must be >= 6: a 95% interval of a median needs 6 values")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"{tool}: no CUDA GPU is visible; --device cpu runs the smoke test", file=sys.stderr)
-        return None
-    return device
 
 
 def synchronize(device: torch.device) -> None:
@@ -343,14 +262,11 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
         cache.set_miss_policy(mode.miss_policy)
         if mode.intercept:
             cache.intercept(True)
-    preparation = None  # a prepare() in the background, whose plans are counted after the first step
     if cache is not None and mode_name in LOADS_COLD_FILE:
         # On the CPU there is no cuDNN and so no plan to build: prepare is not called, and counts as 0 s. Nor
         # does a process that CUDNN_CACHE_PATH set up: its first call starts a prepare in the background.
         if device.type != "cuda" or mode.zero_code:
             result["prepared_plans"], result["prepare_s"] = None, None
-        elif args.prepare_in_background:
-            preparation, result["prepare_s"] = timed_call(lambda: cache.prepare(background=True), device)
         else:
             result["prepared_plans"], result["prepare_s"] = timed_call(cache.prepare, device)
 
@@ -358,12 +274,7 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
         model.zero_grad(set_to_none=True)
         model(x).float().sum().backward()
 
-    if args.profile_first:
-        result["first_s"], result["first_step_profile"] = profiled_step(step, device)
-    else:
-        result["first_s"] = timed(step, device)
-    if preparation is not None:
-        result["prepared_plans"] = preparation.wait()
+    result["first_s"] = timed(step, device)
     if mode_name == "cache_cold" and device.type == "cuda" and args.settle:
         result["settle"] = settle_cache(cache)  # as scripts/warm_start.py does after its steps
     if args.warmup > 0:  # the first warm-up step, timed alone: what only the first step pays is first_s - second_s
@@ -399,10 +310,8 @@ def run_training_case(workload_name: str, mode_name: str, args) -> dict:
 # launch pays its callbacks on the host, so whatever a process measures after a profiled step it measures in a
 # process unlike a user's, and not alike for every engine config: one that launches a kernel per group and a
 # memset pays many times what one that launches a single kernel pays. So a training case times its wall steps,
-# then audits (cache_cold, --audit), and profiles its GPU time per step last. A first step profiled with
-# --profile-first attaches CUPTI before everything else, tuning included: that run's figures are a profile's.
-# (The thirtieth's RegNetY audits, PERFORMANCE.md, ran after the profiled steps; engine configs that were faster
-# or tied when their key was timed alone were slower in them.)
+# then audits (cache_cold, --audit), and profiles its GPU time per step last: an audit run after profiled steps
+# found engine configs slower that were faster or tied when their key was timed alone.
 
 
 def steady_figures(step: Callable[[], None], device: torch.device, args, audited=None) -> dict:
@@ -446,7 +355,7 @@ def summarize_audit(rows: List[dict]) -> dict:
     The stored config's time is the mean of its two timings (stored_mean_ms). Each round times the configs in a
     fresh order (Note [Paired rounds in a fresh order]), so the two are measurements of one config alike in
     all but their noise; judging by the first alone called a key slower whenever that one drew the noise and
-    the other matched native's (docs/PERFORMANCE.md, twentieth)."""
+    the other matched native's."""
     summary = {"keys": len(rows), "rows": rows}
     if not rows:
         return summary
@@ -486,7 +395,7 @@ def audit_repeatedly(audit: Callable[[], List[dict]], repeats: int) -> dict:
     A key's resolution is the gap between two timings of its stored config in the same rounds. From one audit to
     the next the same config's time moves further: on the H100 a 16 us config of RegNetY timed 15.5 to 17.4 us
     in four audits whose resolutions for it were 0.2 to 0.8 us, and of the keys one audit found slower, the next
-    found one in seven again (docs/PERFORMANCE.md, twenty-seventh). A verdict that does not repeat is noise."""
+    found one in seven again. A verdict that does not repeat is noise."""
     summaries = [summarize_audit(audit()) for _ in range(max(repeats, 1))]
     first = summaries[0]
     if len(summaries) > 1:
@@ -542,24 +451,6 @@ def profile_each_step(step: Callable[[], None], device: torch.device, steps: int
                 synchronize(device)
                 profiler.step()
     return measured
-
-
-FIRST_STEP_ROWS = 40  # the operators and CUDA calls kept from a profiled first step
-
-
-def profiled_step(step: Callable[[], None], device: torch.device) -> Tuple[float, List[dict]]:
-    """One step under torch.profiler (host activity, and the device's where there is one): its seconds, which the
-    profiler inflates, and the FIRST_STEP_ROWS events with the most self host time, each with its calls and its
-    self and total host milliseconds. CUDA runtime and driver calls are events of their own, so time a kernel's
-    first launch spends loading its module shows as the launch's self time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as profiler:
-        seconds = timed(step, device)
-    rows = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:FIRST_STEP_ROWS]
-    return seconds, [{"name": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3,
-                      "total_ms": e.cpu_time_total / 1e3} for e in rows]
 
 
 def gpu_time_per_step(step: Callable[[], None], device: torch.device,
