@@ -482,7 +482,7 @@ def gpu_time_per_step(step: Callable[[], None], device: torch.device,
 # Note [GPU time without a profiler]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # gpu_ms is what torch.profiler's CUDA activity records, and CUPTI attached to the process changes what it
-# measures: on the thirty-first's H100 one runtime-compiled engine config of RegNetY took 3-4 us more per call
+# measures: on an H100 one runtime-compiled engine config of RegNetY took 3-4 us more per call
 # after a profiler session, which may leave CUPTI attached (12.0 against 15.5 us, timed without the profiler),
 # and an engine that launches a kernel per group pays its per-kernel cost many times (Note [Profiling last]).
 # Engine configs beyond native's picks are where an exhaustive tuning differs from native, so a GPU time taken

@@ -29,7 +29,7 @@ cudnn_cache.audit times them, and a native pick the rounds show faster takes the
 entry replaces the file's for its key in the save, where other entries merge. A search decides inside the step
 that missed, under the tuning's own load; keys of a few microseconds are where that shows. It takes a second or
 two; on an H100 it left no key slower than native in both of two audits, where the unsettled file had 0-2, and
-left the step's GPU time unchanged (docs/PERFORMANCE.md, thirty-fifth).
+left the step's GPU time unchanged (`python3 -m benchmarks models --settle` measures it).
 
 --deterministic is for a file that deterministic training (torch.use_deterministic_algorithms, or
 cudnn.deterministic) will load: each search also settles the deterministic configs against native's deterministic

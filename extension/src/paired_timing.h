@@ -39,7 +39,7 @@
 // The rounds go on while they cannot decide: where a challenger's median ratio to the reference is below 1 but
 // the test does not show it yet, `repetitions` more rounds are timed, up to three times as many in all. A config
 // a few per cent faster wins most rounds but seldom every one of 7, and 7 rounds alone left native's pick first
-// on keys where native benchmark mode's pick was 2-4.5% faster (ResNet-50 fp32, docs/PERFORMANCE.md); with 14
+// on keys where native benchmark mode's pick was 2-4.5% faster (ResNet-50 fp32, the models benchmark's audit); with 14
 // rounds the test needs 11 wins, with 21, 15. Keys whose challengers are clearly faster or clearly not pay
 // nothing more.
 //
@@ -138,7 +138,7 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
 // faster native pick lead unless the rounds showed the stored config faster, and on that RegNetY it changed 19 of
 // 102 keys, among them the grouped 3x3 backward-filter key from engine 23 to engine 20 (the two tie alone, 148-152
 // us), which launches a kernel per group and memsets besides: the step's GPU time rose from 20.6 to 22.5 ms
-// (docs/PERFORMANCE.md, thirty-first). This rule, on that network (H100, 2026-12-07, thirty-fifth), changed 3-4
+// (the models benchmark's audit). This rule, on that network (H100), changed 3-4
 // of 102 keys in 1.6-1.7 s; no key was slower in both audits in two settled runs (2 and 0 in two unsettled ones),
 // and the step's GPU time stayed within the spread between runs (graph replays 19.79-19.81 ms settled,
 // 19.78-19.85 ms not). Where a native pick takes the first place, the ranking's other configs keep

@@ -48,7 +48,7 @@ bool has_keyable_output(const at::Tensor& input, const at::Tensor& weight, at::I
 // A CUDA call's answer comes from PyTorch's select_conv_backend, which builds its parameters as vectors of
 // SymInts and checks the shapes again on every call: 1-2 us, that interception pays twice per training iteration
 // (its forward and its backward kernel) on top of the cache's own path, where native pays it inside calls the
-// cache's path is cheaper than (docs/PERFORMANCE.md, twenty-third). For CUDA tensors the answer depends on
+// cache's path is cheaper than (`python3 -m benchmarks host-cost`). For CUDA tensors the answer depends on
 // nothing but what a Question holds: both tensors' sizes, strides, dtype, device and dispatch keys (which say
 // mkldnn, xpu, nested, ...), the parameters as given, whether autograd records the call, the current CUDA
 // device (PyTorch asks its properties for bf16 and depthwise support), and the global flags select_conv_backend

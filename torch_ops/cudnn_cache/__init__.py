@@ -330,7 +330,7 @@ def settle(device: Optional[int] = None) -> List[Dict[str, Any]]:
     after the steps that tuned, before saving (scripts/warm_start.py --settle). One dict per entry, as audit()
     returns (stored_* is the choice before), with 'settled_engine' (the entry's first config now) and 'changed'
     (whether that is another config). Like audit(), it times each key alone: a config that ties alone may cost
-    more inside a network (docs/PERFORMANCE.md, thirty-first). An entry it changed is saved in place of the
+    more inside a network (the models benchmark's audit shows one). An entry it changed is saved in place of the
     file's entry for its key, not merged with it (a merge compares times taken under other loads, and could put
     the displaced config first again), until this process merges, erases or clears that key."""
     return [dict(row) for row in _ops.settle(device)]

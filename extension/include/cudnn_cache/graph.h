@@ -46,24 +46,23 @@
 //      the way audit_engine_choice measures. A challenger ranks before the faster of native's picks only where
 //      the rounds show it faster (Note [Never slower than native's pick], paired_timing.h); the rest go behind it.
 //
-// Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs,
-// then the median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing
-// twice the L2 cache's size (flush_l2) and from an idle stream, the host's part of the call with the GPU's, as
-// native benchmark mode times (Note [Timing the whole call] in graph_internal.h). In a network a layer's
-// operands come from other layers and rarely sit in L2; back-to-back runs on the same buffers keep them there,
-// and favour configs that lose inside the network (docs/PERFORMANCE.md). A candidate whose first 3 runs are all
-// slower than give_up_ratio x the best median so far stops there: it cannot win, and slow candidates are where
-// tuning time goes.
+// Each candidate is timed the way training runs it: its workspace allocated first, `warmup` untimed runs, then the
+// median of `repetitions` runs timed with CUDA events on the handle's stream, each after writing twice the L2 cache's
+// size (flush_l2) and from an idle stream, the host's part of the call with the GPU's, as native benchmark mode times
+// (Note [Timing the whole call] in graph_internal.h). In a network a layer's operands come from other layers and rarely
+// sit in L2; back-to-back runs on the same buffers keep them there, and favour configs that lose inside the network
+// (the models benchmark's audit shows it). A candidate whose first 3 runs are all slower than give_up_ratio x the best
+// median so far stops there: it cannot win, and slow candidates are where tuning time goes.
 //
 // PyTorch's benchmark mode times one run per candidate from an idle stream, with no warm-up beyond one and
 // operands in L2, so a single lucky or unlucky sample decides. audit_engine_choice measures a stored choice
 // against the configs both native modes would pick, the same way for all three, interleaved in rounds.
 //
 // Tensors are described as kGraphAlignment (32) bytes aligned, the most PyTorch ever declares (getAlignment in
-// Conv_v8.cpp) and what memory from its caching allocator always is. cuDNN's heuristics read the alignment:
-// with cudnn-frontend's default of 16 they leave out engines that need 32, such as the TF32 NHWC kernel
-// PyTorch runs for ResNet-50's 7x7 fp32 stem (docs/PERFORMANCE.md). GraphPlan::execute refuses buffers that
-// are less aligned, so the caller copies them (torch_ops) or falls back to the legacy path.
+// Conv_v8.cpp) and what memory from its caching allocator always is. cuDNN's heuristics read the alignment: with
+// cudnn-frontend's default of 16 they leave out engines that need 32, such as the TF32 NHWC kernel PyTorch runs for
+// ResNet-50's 7x7 fp32 stem (`python3 -m benchmarks compare-kernels`). GraphPlan::execute refuses buffers that are less
+// aligned, so the caller copies them (torch_ops) or falls back to the legacy path.
 
 #include <chrono>
 #include <cstddef>

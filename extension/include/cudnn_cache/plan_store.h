@@ -4,11 +4,11 @@
 //
 // Note [Stored plans]
 // ~~~~~~~~~~~~~~~~~~~
-// Where a warm process's first step goes (H200, cuDNN 9.19; docs/PERFORMANCE.md has the figures): loading the
+// Where a warm process's first step goes (cuDNN 9.19; the models benchmark's warm start measures it): loading the
 // file takes milliseconds; rebuilding a plan of a precompiled engine takes 0.1-1 ms from its engine and knobs,
 // and 1-4 ms for a config stored by its position in heuristics' list (Note [Engine configs]), most of it asking
 // for that list (the debug log says how much); the builds parallelise over prepare()'s threads. A process's
-// first build of a real-size config pays 60-80 ms once, inside cuDNN (H100, PERFORMANCE's twenty-sixth), and
+// first build of a real-size config pays 60-80 ms once, inside cuDNN (H100), and
 // the first launch of every kernel (lazy module loading) a few hundred milliseconds once, as it does natively.
 // The exception is engines cuDNN compiles at run time (BehaviorNote_t::RUNTIME_COMPILATION, the usual winners
 // for depthwise convolutions in bf16/fp16): each build runs NVRTC for 170-250 ms, concurrent builds do not

@@ -56,15 +56,15 @@
 // Note [Deterministic calls]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With torch.use_deterministic_algorithms(True) or cudnn.deterministic, a call may run only what cuDNN reports
-// deterministic: legacy algorithms carry cuDNN's determinism, and engine configs cuDNN's numerical notes of
-// their engine (EngineCandidate::numerical_notes; NONDETERMINISTIC marks split reductions that accumulate
-// with atomics). A deterministic call walks the same ranking as any other, passing over the rest, so it runs
-// at the graph path's host cost (cuDNN 9's legacy calls cost about 4x the host time: docs/PERFORMANCE.md). A
-// search therefore always times native's deterministic pick too (heuristics' first deterministic config, what
-// PyTorch runs when deterministic), so that a key tuned without determinism holds one. Where a graph ranking
-// holds no config known to be deterministic (a file of format 4 or older, whose configs recorded no notes, or a
-// nearest key's borrowed configs), the call takes the legacy path, lookup and miss policy included, as every
-// deterministic call did before format 5; no fallback is counted, since nothing cached for it was passed over.
+// deterministic: legacy algorithms carry cuDNN's determinism, and engine configs cuDNN's numerical notes of their
+// engine (EngineCandidate::numerical_notes; NONDETERMINISTIC marks split reductions that accumulate with atomics). A
+// deterministic call walks the same ranking as any other, passing over the rest, so it runs at the graph path's host
+// cost (cuDNN 9's legacy calls cost about 4x the host time: `python3 -m benchmarks host-cost`). A search therefore
+// always times native's deterministic pick too (heuristics' first deterministic config, what PyTorch runs when
+// deterministic), so that a key tuned without determinism holds one. Where a graph ranking holds no config known to be
+// deterministic (a file of format 4 or older, whose configs recorded no notes, or a nearest key's borrowed configs),
+// the call takes the legacy path, lookup and miss policy included, as every deterministic call did before format 5; no
+// fallback is counted, since nothing cached for it was passed over.
 //
 // Note [Workspace limit]
 // ~~~~~~~~~~~~~~~~~~~~~~
