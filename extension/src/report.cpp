@@ -6,6 +6,9 @@
 #include <sstream>
 #include <type_traits>
 
+#include "cudnn_cache/atomic_file.h"
+#include "cudnn_cache/error.h"
+
 namespace cudnn_cache {
 namespace {
 
@@ -92,8 +95,8 @@ std::string table_text(const std::vector<std::vector<std::string>>& rows) {
 
 std::string summary(const Checkpoint& checkpoint) {
   std::ostringstream out;
-  out << checkpoint.size() << " entries for " << checkpoint.sections.size()
-      << " device/cuDNN origin(s); file format " << checkpoint.header.format_version << ", written with "
+  out << checkpoint.size() << " entries for " << checkpoint.sections.size() << " device/cuDNN origin(s); file format "
+      << checkpoint.header.format_version << ", written with "
       << version_text(checkpoint.header.cudnn_version, checkpoint.header.cuda_runtime_version) << "; "
       << stored_plans(checkpoint) << " stored plans; " << checkpoint.pending() << " pending keys";
   return out.str();
@@ -205,9 +208,29 @@ MergeResult merge(const std::vector<Checkpoint>& checkpoints) {
 
 std::string to_string(const EntryDifference& difference) {
   std::ostringstream out;
-  out << difference.cache << " on " << difference.origin << ": " << difference.key << ": " << difference.first
-      << " | " << difference.second;
+  out << difference.cache << " on " << difference.origin << ": " << difference.key << ": " << difference.first << " | "
+      << difference.second;
   return out.str();
+}
+
+std::vector<std::string> difference_lines(const std::vector<EntryDifference>& differences) {
+  std::vector<std::string> lines;
+  for (const EntryDifference& difference : differences) lines.push_back(to_string(difference));
+  return lines;
+}
+
+std::vector<std::string> merge_files(const std::vector<std::string>& inputs, const std::string& output) {
+  CUDNN_CACHE_REQUIRE(!inputs.empty(), "merge: give at least one input file");
+  std::vector<Checkpoint> checkpoints;
+  for (const std::string& input : inputs) checkpoints.push_back(read_checkpoint(input));
+  const MergeResult result = merge(checkpoints);
+  write_file_atomically(output, serialize(result.merged));
+  return difference_lines(result.conflicts);
+}
+
+void import_json_file(const std::string& json_path, const std::string& output) {
+  const Checkpoint imported = from_json(read_file(json_path), json_path);
+  write_file_atomically(output, serialize(merge({imported}).merged));
 }
 
 }  // namespace cudnn_cache

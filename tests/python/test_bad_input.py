@@ -342,7 +342,7 @@ def test_a_damaged_file_is_refused_by_load_validate_and_the_cli_naming_file_reas
     assert cudnn_cache.size() == before  # all or nothing
 
     result = tool("validate", path)
-    assert result.returncode == 1 and str(path) in result.stderr and len(result.stderr.splitlines()) == 1
+    assert result.returncode == 3 and str(path) in result.stderr and len(result.stderr.splitlines()) == 1
     cli = subprocess.run([sys.executable, "-m", "cudnn_cache", "validate", str(path)], env=child_env,
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 3 and str(path) in cli.stderr, cli.stderr
@@ -472,22 +472,23 @@ def test_cli_merge_into_a_missing_folder_exits_3_naming_it(cli, valid_file, tmp_
 
 
 @pytest.mark.parametrize("args, code, match", [
-    pytest.param([], 2, r"no command given", id="no_command"),
-    pytest.param(["frobnicate"], 2, r"unknown command 'frobnicate'", id="unknown_command"),
-    pytest.param(["validate", "a", "b"], 2, r"validate takes exactly one FILE", id="validate_two_files"),
-    pytest.param(["synth", "x.cache", "--entries", "ten"], 2, r"--entries takes an integer from 0 to 100000, not "
+    pytest.param([], 2, r"the following arguments are required: COMMAND", id="no_command"),
+    pytest.param(["frobnicate"], 2, r"invalid choice: 'frobnicate'", id="unknown_command"),
+    pytest.param(["inspect", "a", "b"], 2, r"unrecognized arguments: b", id="inspect_two_files"),
+    pytest.param(["synth", "x.cache", "--entries", "ten"], 2, r"--entries: takes an integer from 0 to 100000, not "
                  r"'ten'", id="synth_bad_count"),
-    pytest.param(["synth", "x.cache", "--entries", "-1"], 2, r"--entries takes an integer from 0 to 100000",
+    pytest.param(["synth", "x.cache", "--entries", "-1"], 2, r"--entries: takes an integer from 0 to 100000",
                  id="synth_negative_count"),
     # Used to be left to allocate until the kernel killed the process (rc 137, no message).
     pytest.param(["synth", "x.cache", "--entries", "99999999999999"], 2, r"from 0 to 100000, not '99999999999999'",
                  id="synth_too_many"),
-    pytest.param(["synth", "x.cache"], 2, r"synth needs FILE and --entries N", id="synth_without_entries"),
-    pytest.param(["synth", "no/such/x.cache", "--entries", "3"], 1, r"cannot save 'no/such/x.cache'.*unchanged",
+    pytest.param(["synth", "x.cache"], 2, r"the following arguments are required: --entries",
+                 id="synth_without_entries"),
+    pytest.param(["synth", "no/such/x.cache", "--entries", "3"], 3, r"cannot save 'no/such/x.cache'.*unchanged",
                  id="synth_missing_folder"),
-    pytest.param(["validate", "missing.cache"], 1, r"cannot read 'missing.cache'", id="validate_missing"),
+    pytest.param(["validate", "missing.cache"], 3, r"cannot read 'missing.cache'", id="validate_missing"),
 ])
-def test_tool_bad_arguments_exit_1_or_2_with_a_message(args, code, match, build_dir, tmp_path):
+def test_tool_bad_arguments_exit_2_or_3_with_a_message(args, code, match, build_dir, tmp_path):
     result = subprocess.run([str(build_dir / "cudnn_cache_tool"), *args], cwd=tmp_path, capture_output=True, text=True)
     assert_refused(result.returncode, result.stdout, result.stderr, code, match)
 
@@ -572,16 +573,16 @@ def test_every_cli_command_refuses_every_bad_output_in_one_line(command, kind, b
 
 
 @pytest.mark.parametrize("kind", BAD_INPUTS)
-@pytest.mark.parametrize("command", ["validate", "inspect"])
+@pytest.mark.parametrize("command", ["validate", "inspect", "stats"])
 def test_every_tool_command_refuses_every_bad_input_in_one_line(command, kind, bad, tool):
     result = tool(command, bad[kind])
-    assert_refused(result.returncode, result.stdout, result.stderr, code=1, match=re.escape(str(bad[kind])))
+    assert_refused(result.returncode, result.stdout, result.stderr, code=3, match=re.escape(str(bad[kind])))
 
 
 @pytest.mark.parametrize("kind", BAD_OUTPUTS)
 def test_tool_synth_refuses_every_bad_output_in_one_line(kind, bad, tool):
     result = tool("synth", bad[kind], "--entries", 3)
-    assert_refused(result.returncode, result.stdout, result.stderr, code=1, match=re.escape(str(bad[kind])))
+    assert_refused(result.returncode, result.stdout, result.stderr, code=3, match=re.escape(str(bad[kind])))
     assert not os.path.isfile(bad[kind])
 
 

@@ -1,4 +1,5 @@
-"""cudnn_cache_tool end to end: synth writes valid files, and validate rejects every damaged one cleanly."""
+"""cudnn_cache_tool end to end: synth writes valid files, and validate rejects every damaged one cleanly (exit 3, as
+python -m cudnn_cache; tests/python/test_command_lines.py holds the two to the same answers)."""
 
 import random
 import subprocess
@@ -11,8 +12,8 @@ def run_tool(build_dir, *args):
 
 
 def assert_rejected(result, path):
-    """Exit 1 (never a signal or abort), one line on stderr that names the file and a reason."""
-    assert result.returncode == 1, (result.returncode, result.stderr)
+    """Exit 3 (never a signal or abort), one line on stderr that names the file and a reason."""
+    assert result.returncode == 3, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert str(path) in lines[0]
@@ -78,12 +79,12 @@ def test_usage_errors_exit_2(build_dir, tmp_path):
 def test_missing_file_names_the_path(build_dir, tmp_path):
     missing = tmp_path / "nope.bin"
     result = run_tool(build_dir, "validate", missing)
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert str(missing) in result.stderr and "No such file" in result.stderr
     assert result.stdout == ""  # the verdict is printed after the file was read, never before
 
 
-@pytest.mark.parametrize("command", ["validate", "inspect", "synth"])
+@pytest.mark.parametrize("command", ["inspect", "validate", "stats", "diff", "merge", "export", "import", "synth"])
 def test_every_command_has_its_own_help(build_dir, command):
     for args in ((command, "--help"), (command, "-h"), ("help", command), (command, "x.bin", "--help")):
         result = run_tool(build_dir, *args)
@@ -91,4 +92,5 @@ def test_every_command_has_its_own_help(build_dir, command):
         assert result.stdout.startswith(f"usage: cudnn_cache_tool {command} "), (args, result.stdout)
         assert "exit codes:" in result.stdout
     listing = run_tool(build_dir, "--help").stdout
-    assert all(f"  {name} " in listing for name in ("validate", "inspect", "synth"))
+    assert all(f"  {name} " in listing for name in ("inspect", "validate", "stats", "diff", "merge", "export",
+                                                     "import", "synth", "build-plans"))

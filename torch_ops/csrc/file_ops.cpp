@@ -12,39 +12,30 @@
 namespace cudnn_cache::torch_ops {
 namespace {
 
-std::string file_summary(const std::string& path) { return rethrow([&] { return summary(read_checkpoint(path)); }); }
+std::string file_summary(const std::string& path) {
+  return rethrow([&] { return summary(read_checkpoint(path)); });
+}
 
-std::string file_table(const std::string& path) { return rethrow([&] { return entry_table(read_checkpoint(path)); }); }
+std::string file_table(const std::string& path) {
+  return rethrow([&] { return entry_table(read_checkpoint(path)); });
+}
 
 std::string file_statistics(const std::string& path) {
   return rethrow([&] { return statistics(read_checkpoint(path)); });
-}
-
-std::vector<std::string> lines(const std::vector<EntryDifference>& differences) {
-  std::vector<std::string> result;
-  for (const EntryDifference& difference : differences) result.push_back(to_string(difference));
-  return result;
 }
 
 std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, std::int64_t> file_diff(
     const std::string& first, const std::string& second) {
   return rethrow([&] {
     const CheckpointDiff result = diff(read_checkpoint(first), read_checkpoint(second));
-    return std::make_tuple(lines(result.only_first), lines(result.only_second), lines(result.different_best),
-                           static_cast<std::int64_t>(result.same));
+    return std::make_tuple(difference_lines(result.only_first), difference_lines(result.only_second),
+                           difference_lines(result.different_best), static_cast<std::int64_t>(result.same));
   });
 }
 
 // Writes the merge of the input files to `output` atomically; returns the conflicts.
 std::vector<std::string> file_merge(const std::vector<std::string>& inputs, const std::string& output) {
-  TORCH_CHECK(!inputs.empty(), "cudnn_cache merge: give at least one input file");
-  return rethrow([&] {
-    std::vector<Checkpoint> checkpoints;
-    for (const std::string& input : inputs) checkpoints.push_back(read_checkpoint(input));
-    const MergeResult result = merge(checkpoints);
-    write_file_atomically(output, serialize(result.merged));
-    return lines(result.conflicts);
-  });
+  return rethrow([&] { return merge_files(inputs, output); });
 }
 
 std::string file_export_json(const std::string& path) {
@@ -53,10 +44,7 @@ std::string file_export_json(const std::string& path) {
 
 // Writes the cache file of a JSON export to `output` atomically, stamped with this build's format.
 void file_import_json(const std::string& json_path, const std::string& output) {
-  rethrow([&] {
-    const Checkpoint imported = from_json(read_file(json_path), json_path);
-    write_file_atomically(output, serialize(merge({imported}).merged));
-  });
+  rethrow([&] { import_json_file(json_path, output); });
 }
 
 // Replaces `path` with a file of `entries` synthetic entries (for tests and benchmarks); returns the count.

@@ -53,4 +53,13 @@ MergeResult merge(const std::vector<Checkpoint>& checkpoints);
 // "graph forward: x float[...] ...: engine 5 (...) 0.0120 ms | engine 7 (...) 0.0150 ms" and the like.
 std::string to_string(const EntryDifference& difference);
 
+// The commands both command lines run on files (python -m cudnn_cache and cudnn_cache_tool print what these
+// return, in the same words): each reads its inputs whole before it writes anything, and writes atomically.
+// Errors name the file and the reason.
+std::vector<std::string> difference_lines(const std::vector<EntryDifference>& differences);
+// Merges the files into `output`; returns the conflicts, as difference_lines.
+std::vector<std::string> merge_files(const std::vector<std::string>& inputs, const std::string& output);
+// Writes the cache file of a JSON export (to_json) to `output`, in this build's format.
+void import_json_file(const std::string& json_path, const std::string& output);
+
 }  // namespace cudnn_cache
