@@ -19,7 +19,6 @@
 #include "cudnn_cache/cudnn.h"
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
-#include "cudnn_cache/runtime.h"
 #include "elapsed.h"
 #include "graph_internal.h"
 #include "handle_pool.h"
@@ -415,7 +414,7 @@ class ModeBAhead {
 // what workers built that step 1 never took (Note [Parallel candidate builds]).
 class SearchProfile {
  public:
-  SearchProfile() : enabled_(Runtime::instance().logs(LogLevel::debug)) {}
+  explicit SearchProfile(const LogSink& log) : log_(log), enabled_(static_cast<bool>(log)) {}
 
   // Ends the current step, named `step`: its time is since the previous lap (or the profile's start).
   void lap(const char* step) {
@@ -428,17 +427,15 @@ class SearchProfile {
   void log(const ConvolutionKey& key, const HeuristicPlans& plans, const AheadBuilder::Taken& taken,
            const ModeBAhead& mode_b, std::size_t timed) const {
     if (!enabled_) return;
-    Runtime::instance().log(
-        LogLevel::debug,
-        detail::concat("search profile: ", steps_, " ms; step 1's list held ", plans.indices.size(), " plans, ",
-                       std::count(plans.compiled.begin(), plans.compiled.end(), true), " runtime-compiled; it took ",
-                       taken.by_workers, " plans from workers (",
-                       taken.waiting_us / 1000, " ms waiting), ", taken.prefetched, " prefetched (",
-                       taken.restoring_us / 1000, " ms restoring), built ", taken.compiled_here, " compiled and ",
-                       taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ",
-                       taken.built_unused, " built ahead and not taken; mode B's query took ", mode_b.query_us() / 1000,
-                       " ms on its thread (", mode_b.waited_us() / 1000, " ms waiting); ", timed,
-                       " configs timed; for ", key));
+    log_(detail::concat("search profile: ", steps_, " ms; step 1's list held ", plans.indices.size(), " plans, ",
+                        std::count(plans.compiled.begin(), plans.compiled.end(), true), " runtime-compiled; it took ",
+                        taken.by_workers, " plans from workers (",
+                        taken.waiting_us / 1000, " ms waiting), ", taken.prefetched, " prefetched (",
+                        taken.restoring_us / 1000, " ms restoring), built ", taken.compiled_here, " compiled and ",
+                        taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ",
+                        taken.built_unused, " built ahead and not taken; mode B's query took ", mode_b.query_us() / 1000,
+                        " ms on its thread (", mode_b.waited_us() / 1000, " ms waiting); ", timed,
+                        " configs timed; for ", key));
   }
 
  private:
@@ -446,6 +443,7 @@ class SearchProfile {
     return std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
   }
 
+  const LogSink& log_;  // the search's options', which outlive it
   bool enabled_;
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
   std::string steps_;
@@ -614,13 +612,11 @@ class EngineSearch {
       }
     }
     const std::size_t reference = native_reference(times, heuristic, benchmark);
-    if (Runtime::instance().logs(LogLevel::debug)) {
+    if (options_.debug_log) {
       std::vector<EngineCandidate> timed;
       for (std::size_t i : finalists) timed.push_back(configs_[i]);
-      Runtime::instance().log(LogLevel::debug,
-                              detail::concat("search rounds: ",
-                                             describe_rounds(timed, times, heuristic, benchmark, reference), "; for ",
-                                             key_));
+      options_.debug_log(detail::concat("search rounds: ",
+                                        describe_rounds(timed, times, heuristic, benchmark, reference), "; for ", key_));
     }
     settle_against_native(configs_, finalists[reference], finalists, times);
     if (deterministic) {
@@ -681,7 +677,7 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                                                 std::shared_ptr<const GraphPlan>* best_plan) {
   CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
-  SearchProfile profile;
+  SearchProfile profile(options.debug_log);
   const Bounds bounds = bounds_of(options);
   ModeBAhead mode_b(key, bounds.mode_b);  // Note [Mode B ahead]
   EngineSearch search(handle, key, buffers, allocate, options);

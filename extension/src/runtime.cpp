@@ -36,14 +36,6 @@ std::string within_workspace_limit(std::uint64_t limit) {
                         " bytes; raise the limit (cudnn_cache.set_workspace_limit) or remove it");
 }
 
-int usable_cores() {
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return std::max(1, CPU_COUNT(&cpus));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-int default_build_processes() { return std::min(usable_cores() - 1, 8); }
-
 namespace {
 
 // The fallback warning's first sentence for a call whose best cached candidate could not run.
@@ -236,7 +228,7 @@ Runtime::Runtime()
   }
 }
 
-void Runtime::log(LogLevel level, const std::string& message) {
+void Runtime::log(LogLevel level, const std::string& message) const {
   if (!logs(level)) return;
   std::lock_guard lock(mutex_);
   if (log_handler_) {
@@ -290,8 +282,13 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
 }
 
 GraphSearchOptions Runtime::search_options() const {
-  std::lock_guard lock(mutex_);
-  return search_options_;
+  GraphSearchOptions options;
+  {
+    std::lock_guard lock(mutex_);
+    options = search_options_;
+  }
+  if (logs(LogLevel::debug)) options.debug_log = [this](const std::string& line) { log(LogLevel::debug, line); };
+  return options;
 }
 
 void Runtime::set_plan_builder(const std::string& path) {

@@ -74,7 +74,7 @@
 
 #include "cudnn_cache/algorithms.h"
 #include "cudnn_cache/key.h"
-#include "cudnn_cache/runtime.h"
+#include "cudnn_cache/vocabulary.h"
 
 namespace cudnn_cache::graph_internal {
 class Graph;  // cudnn-frontend's graph (graph_internal.h)
