@@ -68,7 +68,8 @@ Usage (after scripts/build.sh; needs a CUDA GPU, else it says so and exits 2):
     python3 -m benchmarks models --workloads mobilenet_v2_bf16_cl --modes native_heuristic cache_cold --rounds 3
 
 Writes bench-results/models.json (environment, settings, every raw per-case result, the targets; --json to
-move it, --update to write benchmarks/results/models.json too), models.md (the tables, also printed) and
+move it, --update to write benchmarks/results/models.json too; the overhead case alone writes
+models_overhead.json), models.md (the tables, also printed) and
 models.png (needs matplotlib; skipped with a message without it) beside each. A case that fails or times out
 is recorded with its error text and the run goes on. The JSON is written again after every case, with
 "complete": false until the last one has run, so a run killed by a time limit (a GPU machine's per-call limit)
@@ -303,8 +304,10 @@ def parse_args(argv=None):
     args.tuning = tuning_arguments(args.tuning, parser.error)
     if args.settle is None:  # as scripts/warm_start.py decides it
         args.settle = bool(args.tuning.get("exhaustive", False))
-    args.paths = output_paths("models.json", args.json or (args.output_dir and args.output_dir / "models.json"),
-                              args.update)
+    # The overhead case alone has its own committed file (PERFORMANCE.md reads both): a run of it does not replace
+    # the workloads' results.
+    name = "models_overhead.json" if args.workloads == [OVERHEAD] else "models.json"
+    args.paths = output_paths(name, args.json or (args.output_dir and args.output_dir / name), args.update)
     return args
 
 

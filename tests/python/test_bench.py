@@ -647,6 +647,8 @@ def test_default_arguments():
     assert bench.parse_args(["--update"]).paths == [ROOT / "bench-results" / "models.json",
                                                    ROOT / "benchmarks" / "results" / "models.json"]
     assert bench.parse_args(["--output-dir", "/tmp/x"]).paths == [pathlib.Path("/tmp/x/models.json")]
+    assert bench.parse_args(["--workloads", "overhead", "--update"]).paths == [
+        ROOT / "bench-results" / "models_overhead.json", ROOT / "benchmarks" / "results" / "models_overhead.json"]
     assert list(bench.WORKLOADS).index("mobilenet_v2_bf16_cl") == list(bench.WORKLOADS).index("resnet18_fp16_cl") + 1
 
 
