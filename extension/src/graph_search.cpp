@@ -414,11 +414,11 @@ class ModeBAhead {
 // what workers built that step 1 never took (Note [Parallel candidate builds]).
 class SearchProfile {
  public:
-  explicit SearchProfile(const LogSink& log) : log_(log), enabled_(static_cast<bool>(log)) {}
+  explicit SearchProfile(const LogSink& log) : log_(log) {}
 
   // Ends the current step, named `step`: its time is since the previous lap (or the profile's start).
   void lap(const char* step) {
-    if (!enabled_) return;
+    if (!log_) return;
     const auto now = std::chrono::steady_clock::now();
     steps_ += detail::concat(steps_.empty() ? "" : ", ", step, " ", milliseconds(now - last_));
     last_ = now;
@@ -426,7 +426,7 @@ class SearchProfile {
 
   void log(const ConvolutionKey& key, const HeuristicPlans& plans, const AheadBuilder::Taken& taken,
            const ModeBAhead& mode_b, std::size_t timed) const {
-    if (!enabled_) return;
+    if (!log_) return;
     log_(detail::concat("search profile: ", steps_, " ms; step 1's list held ", plans.indices.size(), " plans, ",
                         std::count(plans.compiled.begin(), plans.compiled.end(), true), " runtime-compiled; it took ",
                         taken.by_workers, " plans from workers (",
@@ -443,8 +443,7 @@ class SearchProfile {
     return std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
   }
 
-  const LogSink& log_;  // the search's options', which outlive it
-  bool enabled_;
+  const LogSink& log_;  // the search's options', which outlive it; empty: no debug log
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
   std::string steps_;
 };
