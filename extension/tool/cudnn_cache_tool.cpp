@@ -154,12 +154,13 @@ Arguments parse(const Command& command, const std::vector<std::string>& args) {
 std::uint64_t count(const Arguments& args, const std::string& name, std::uint64_t limit, std::uint64_t otherwise) {
   if (!args.has(name)) return otherwise;
   const std::string& text = args[name];
-  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoull(text) > limit) {
+  const bool digits = !text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos;
+  const std::uint64_t value = digits ? std::stoull(text) : 0;
+  if (!digits || value > limit) {
     throw UsageError{"argument " + name + ": takes an integer from 0 to " + std::to_string(limit) + ", not '" + text +
                      "'"};
   }
-  return std::stoull(text);
+  return value;
 }
 
 // The first line of an error's text, as python -m cudnn_cache prints it.
