@@ -327,12 +327,15 @@ std::int64_t add_plan(Graph& graph, const EngineCandidate& config) {
   return graph.get_execution_plan_count() - 1;
 }
 
-// The operation graph with the configs of heuristics mode A and the fallback list, in that order, after the
-// numeric filters of Note [Engine configs].
-std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic) {
+// The operation graph with the configs of heuristics mode A and (with `fallback`) the fallback list, in that
+// order, after the numeric filters of Note [Engine configs].
+std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic,
+                                       bool fallback) {
   auto graph = operation_graph(handle, key);
-  check_status(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
-               "create_execution_plans", key);
+  const std::vector<fe::HeurMode_t> modes =
+      fallback ? std::vector<fe::HeurMode_t>{fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}
+               : std::vector<fe::HeurMode_t>{fe::HeurMode_t::A};
+  check_status(graph->create_execution_plans(modes), "create_execution_plans", key);
   graph->deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
   if (key.input.data_type == CUDNN_DATA_FLOAT && key.convolution.math_type == CUDNN_FMA_MATH) {
     graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE});
@@ -445,23 +448,31 @@ void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers,
 
 std::optional<HeuristicChoice> heuristic_choice(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic,
                                                 bool compile, std::uint64_t max_workspace_bytes) {
-  std::shared_ptr<Graph> graph;
-  try {
-    graph = heuristic_graph(handle, key, deterministic);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-  const std::int64_t listed = graph->get_execution_plan_count();
-  for (std::int64_t index = 0; index < listed; ++index) {
-    if (!compile && runtime_compiled_at(*graph, index).value_or(true)) continue;  // unknown: may compile
-    if (build_at(*graph, index) < 0) continue;
-    std::optional<EngineCandidate> config = describe_plan(*graph, index, listed);
-    if (!config || config->workspace_bytes > max_workspace_bytes) continue;
-    const auto direction = static_cast<Direction>(key.direction);
-    // The graph keeps heuristics' whole list, of which only this plan is built: the list is what a config
-    // stored by its position is made again from, and costs descriptors, not device memory.
-    auto plan = std::shared_ptr<const GraphPlan>(new GraphPlan(direction, graph, config->workspace_bytes, {}));
-    return HeuristicChoice{*config, std::move(plan)};
+  // Mode A's list first, the fallback list only when none of it builds, as Conv_v8.cpp asks them: the fallback
+  // query checks every engine against the graph, CPU time each untuned key would otherwise pay on its first
+  // call (Note [Native heuristics' choice] in runtime.h). Mode A's positions are the same in both graphs.
+  std::int64_t tried = 0;
+  for (const bool fallback : {false, true}) {
+    std::shared_ptr<Graph> graph;
+    try {
+      graph = heuristic_graph(handle, key, deterministic, fallback);
+    } catch (const Error&) {
+      if (fallback) return std::nullopt;
+      continue;  // mode A may not take a graph the fallback list does
+    }
+    const std::int64_t listed = graph->get_execution_plan_count();
+    for (std::int64_t index = tried; index < listed; ++index) {
+      if (!compile && runtime_compiled_at(*graph, index).value_or(true)) continue;  // unknown: may compile
+      if (build_at(*graph, index) < 0) continue;
+      std::optional<EngineCandidate> config = describe_plan(*graph, index, listed);
+      if (!config || config->workspace_bytes > max_workspace_bytes) continue;
+      const auto direction = static_cast<Direction>(key.direction);
+      // The graph keeps heuristics' list, of which only this plan is built: the list is what a config stored
+      // by its position is made again from, and costs descriptors, not device memory.
+      auto plan = std::shared_ptr<const GraphPlan>(new GraphPlan(direction, graph, config->workspace_bytes, {}));
+      return HeuristicChoice{*config, std::move(plan)};
+    }
+    tried = listed;
   }
   return std::nullopt;
 }

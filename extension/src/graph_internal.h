@@ -137,8 +137,11 @@ std::vector<std::uint8_t> serialize_selected(const Graph& graph, Direction direc
 // is not there or cuDNN does not take it.
 std::int64_t add_plan(Graph& graph, const EngineCandidate& config);
 
-// The operation graph with the configs of heuristics mode A and the fallback list, in that order.
-std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic);
+// The operation graph with the configs of heuristics mode A and the fallback list, in that order; mode A's alone
+// without `fallback`. Mode A's configs come first either way, so a position in mode A's list names the same
+// config in both.
+std::shared_ptr<Graph> heuristic_graph(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic,
+                                       bool fallback = true);
 
 // `index` if the graph's plan there builds (which selects it), else -1.
 std::int64_t build_at(Graph& graph, std::int64_t index);
