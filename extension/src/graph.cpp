@@ -260,22 +260,17 @@ std::optional<EngineCandidate> choice_at(Graph& graph, std::int64_t index, std::
   return config;
 }
 
-std::optional<EngineCandidate> describe_plan(Graph& listing, std::int64_t index, std::int64_t listed,
-                                             const Graph& built, std::int64_t built_index) {
-  std::optional<EngineCandidate> config = choice_at(listing, index, listed);
+std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed) {
+  std::optional<EngineCandidate> config = choice_at(graph, index, listed);
   std::int64_t workspace_bytes = 0;
-  if (!config || built.get_workspace_size_plan_at_index(built_index, workspace_bytes).is_bad()) return std::nullopt;
+  if (!config || graph.get_workspace_size_plan_at_index(index, workspace_bytes).is_bad()) return std::nullopt;
   config->workspace_bytes = static_cast<std::uint64_t>(workspace_bytes);
   std::vector<fe::BehaviorNote_t> notes;
-  if (listing.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
+  if (graph.get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
     for (fe::BehaviorNote_t note : notes) config->behavior_notes |= 1 << static_cast<int>(note);
   }
-  config->numerical_notes = listing.numerical_notes_at(index);
+  config->numerical_notes = graph.numerical_notes_at(index);
   return config;
-}
-
-std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed) {
-  return describe_plan(graph, index, listed, graph, index);
 }
 
 std::shared_ptr<Graph> restored_graph(cudnnHandle_t handle, const ConvolutionKey& key,
@@ -434,7 +429,7 @@ GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const std:
 }
 
 std::vector<std::uint8_t> GraphPlan::serialize() const {
-  return serialized_.empty() ? serialize_selected(*graph_, direction_) : serialized_;
+  return serialize_selected(*graph_, direction_);
 }
 
 void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const {
@@ -469,7 +464,7 @@ std::optional<HeuristicChoice> heuristic_choice(cudnnHandle_t handle, const Conv
       const auto direction = static_cast<Direction>(key.direction);
       // The graph keeps heuristics' list, of which only this plan is built: the list is what a config stored
       // by its position is made again from, and costs descriptors, not device memory.
-      auto plan = std::shared_ptr<const GraphPlan>(new GraphPlan(direction, graph, config->workspace_bytes, {}));
+      auto plan = std::shared_ptr<const GraphPlan>(new GraphPlan(direction, graph, config->workspace_bytes));
       return HeuristicChoice{*config, std::move(plan)};
     }
     tried = listed;

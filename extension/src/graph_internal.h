@@ -118,12 +118,6 @@ bool aligned(const ConvolutionBuffers& buffers);
 // to make that plan again (EngineCandidate::heuristic_index). Any other plan is its engine and nameable knobs.
 std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed = 0);
 
-// The same, for a plan built elsewhere: the config of `listing`'s plan at `index` (built or not), with the
-// workspace of `built`'s plan at `built_index`. A plan restored from bytes (a builder process's, Note [Builder
-// processes] in plan_builders.h) has no engine config cuDNN can report, but the list it was built from does.
-std::optional<EngineCandidate> describe_plan(Graph& listing, std::int64_t index, std::int64_t listed,
-                                             const Graph& built, std::int64_t built_index);
-
 // A graph whose one plan (index 0, selected) is restored from GraphPlan::serialize's bytes, without building
 // anything (Note [Stored plans]). Throws Error if cuDNN rejects the bytes.
 std::shared_ptr<Graph> restored_graph(cudnnHandle_t handle, const ConvolutionKey& key,

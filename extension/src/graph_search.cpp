@@ -5,13 +5,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <future>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -23,8 +21,6 @@
 #include "graph_internal.h"
 #include "handle_pool.h"
 #include "paired_timing.h"
-#include "plan_builders.h"
-#include "plan_prefetch.h"
 
 namespace cudnn_cache {
 namespace {
@@ -36,14 +32,13 @@ using namespace graph_internal;
 // Building a plan is CPU work: about a millisecond for most engines, an NVRTC compilation of 50-250 ms for those
 // cuDNN compiles at run time (depthwise and inverted-bottleneck networks' keys are full of them). Timing is GPU
 // work and stays on the calling thread, one candidate at a time. So step 1's runtime-compiled candidates
-// (heuristics mode A and the fallback list are the bulk of a search) are built ahead: workers, each on a cuDNN
-// handle of the HandlePool, claim them in cuDNN's order and build them while the calling thread times what is
-// built, in that same order. The first candidate, heuristics' first and native's pick, the calling thread builds at
-// once, even where cuDNN compiles it (each depthwise forward key of a bf16 channels-last MobileNetV2 on the H200:
-// 400-440 ms, then 50-170 ms to time nine precompiled candidates): compiled on a worker thread while the calling
-// thread timed the others, it took 450-700 ms, and in a builder process, busy with the backward keys' prefetched
-// builds, 260-660 ms more after the others were timed, so both lost more than the overlap saved (2026-12-04).
-// The calling thread builds every other candidate, and any compiled one no worker has
+// (heuristics mode A and the fallback list are the bulk of a search) are built ahead: `build_threads - 1` workers,
+// each on a cuDNN handle of the HandlePool, claim them in cuDNN's order and build them while the calling thread
+// times what is built, in that same order. The first candidate, heuristics' first and native's pick, the calling
+// thread builds at once, even where cuDNN compiles it (each depthwise forward key of a bf16 channels-last
+// MobileNetV2 on the H200: 400-440 ms, then 50-170 ms to time nine precompiled candidates): compiled on a worker
+// thread while the calling thread timed the others, it took 450-700 ms, which lost more than the overlap saved
+// (2026-12-04). The calling thread builds every other candidate, and any compiled one no worker has
 // claimed yet, itself: with no worker, or no compiled candidate after the first, the search is the serial one,
 // and otherwise it waits only for builds already under way. Workers build only what step 1 will take: a
 // position below its reach, the position after the calling thread's last one plus the candidates it still needs
@@ -54,26 +49,18 @@ using namespace graph_internal;
 // candidates are timed the workers stop after the build they are in, while steps 2-4 time.
 //
 // cuDNN's runtime compilations serialize inside one process (12 depthwise keys on an H200: 0.84x the serial
-// time on worker threads, 0.36x in 4 processes), so a worker hands its builds to a builder process of its own
-// when there are any (build_processes > 0, and at least two compiled candidates ahead: Note [Builder processes]
-// in plan_builders.h) and restores the plan the process sends back; without one (none configured, none could
-// start, or it failed) it builds in its own process, on `build_threads - 1` workers as before. A builder that
-// is still starting claims nothing: the calling thread builds meanwhile. Before building a compiled candidate,
-// a worker or the calling thread takes the plan a prefetched build made for it, if any (Note [Prefetched
-// builds] in plan_prefetch.h), and restores it as it restores a builder's; candidates built or being built ahead
-// count for no worker and start no builder process.
+// time on worker threads, 0.36x in 4 processes): worker threads overlap them with the timing more than with each
+// other.
 //
 // Precompiled engines stay on the calling thread because a worker's build costs more than its own: a worker
 // builds each candidate in a graph of its own, made for it as the calling thread's was (heuristic_graph: the
 // same query, the same filters, a millisecond or two) and handed over with the plan, so no graph is ever used by
 // two threads (a build writes its graph's plan list). Measured on the H200 with every candidate farmed out, a
 // search of 8 precompiled configs took 26 ms against 10.8 ms serially. What is timed does not change: where a
-// worker's graph, or a builder process's, has another plan at that position (cuDNN's heuristics are
-// deterministic; this is a safeguard), or it could not make one, the calling thread builds the candidate in its
-// own graph. A restored plan has no engine config to read, so it is described by the calling thread's graph at
-// its position (describe_plan), and the builder's own description must agree. Plans built on pool handles run
-// on the caller's, as prepare()'s do. Mode B's picks (queried on a thread of their own: Note [Mode B ahead]),
-// knob variants and substitutes are few and are built on the calling thread.
+// worker's graph has another plan at that position (cuDNN's heuristics are deterministic; this is a safeguard),
+// or it could not make one, the calling thread builds the candidate in its own graph. Plans built on pool
+// handles run on the caller's, as prepare()'s do. Mode B's picks (queried on the calling thread in step 2), knob
+// variants and substitutes are few and are built on the calling thread.
 
 // A plan of some graph of the search: the graph and the plan's index in it.
 struct BuiltPlan {
@@ -82,24 +69,10 @@ struct BuiltPlan {
 
   std::shared_ptr<Graph> graph;
   std::int64_t index = -1;
-  // A plan a builder process built, restored into `graph` as its only plan (index 0): what the process sent, and
-  // the plan's index in heuristics' list, where the search's own graph describes it. Null for a plan built here.
-  std::shared_ptr<const StoredPlan> sent;
-  std::int64_t listed_index = -1;
 };
 
-// The engine config of a built plan (describe_plan); a restored plan's is read from `listing`, the search's
-// graph, at its position in heuristics' list, and must be the one the builder process described.
-std::optional<EngineCandidate> describe_built(const BuiltPlan& plan, Graph& listing, std::int64_t listed) {
-  if (!plan.sent) return describe_plan(*plan.graph, plan.index, listed);
-  std::optional<EngineCandidate> config = describe_plan(listing, plan.listed_index, listed, *plan.graph, plan.index);
-  if (!config || !config->same_choice(plan.sent->config)) return std::nullopt;
-  return config;
-}
-
 // The plan at `index` of a heuristic_graph of its own, built (its index is -1 where it does not build); no graph
-// where the plan at that index is not named `name`, or the graph cannot be made. What a worker builds in its own
-// process, and a builder process for it (run_plan_builder).
+// where the plan at that index is not named `name`, or the graph cannot be made. What a worker builds.
 BuiltPlan build_listed(cudnnHandle_t handle, const ConvolutionKey& key, bool deterministic, std::int64_t index,
                        const std::string& name) {
   std::shared_ptr<Graph> graph;
@@ -120,15 +93,9 @@ struct HeuristicPlans {
   std::vector<std::int64_t> indices;
   std::vector<std::string> names;
   std::vector<bool> compiled;
-
-  // What a builder process, or a prefetched build, is asked for to build the plan at `position`.
-  PrefetchJob job(int device, const ConvolutionKey& key, bool deterministic, std::size_t position) const {
-    return {device, {key, deterministic, indices[position], names[position]}};
-  }
 };
 
-// The plans of step 1 in a heuristic_graph: what a search times first, and what prefetch_compiled_plans builds
-// ahead of it.
+// The plans of step 1 in a heuristic_graph: what a search times first.
 HeuristicPlans heuristic_plans(Graph& graph) {
   HeuristicPlans plans;
   std::set<std::string> seen;
@@ -142,45 +109,24 @@ HeuristicPlans heuristic_plans(Graph& graph) {
   return plans;
 }
 
-// A plan a builder process built, restored on `handle` as its graph's only plan; no graph if it does not restore.
-BuiltPlan restored_plan(cudnnHandle_t handle, const ConvolutionKey& key, std::int64_t listed_index,
-                        std::shared_ptr<const StoredPlan> sent) {
-  BuiltPlan plan;
-  try {
-    plan.graph = restored_graph(handle, key, sent->bytes);
-  } catch (const std::exception&) {  // built here instead
-    return {};
-  }
-  plan.index = 0;
-  plan.sent = std::move(sent);
-  plan.listed_index = listed_index;
-  return plan;
-}
-
 // Builds step 1's runtime-compiled candidates ahead of the timing (Note [Parallel candidate builds]), in the
 // order the calling thread takes the candidates with take().
 class AheadBuilder {
  public:
-  // `workers` worker threads; with `builder_processes`, each hands its builds to a builder process. `handle` is
-  // the calling thread's, which restores the prefetched plans it takes (Note [Prefetched builds]). Step 1 times
-  // `needed` candidates: its first reach.
-  AheadBuilder(cudnnHandle_t handle, std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
-               const HeuristicPlans& plans, std::size_t needed, int workers, bool builder_processes)
-      : handle_(handle), graph_(std::move(graph)), listed_(graph_->get_execution_plan_count()), key_(key),
-        deterministic_(deterministic), plans_(plans),
+  // At most `workers` worker threads. Step 1 times `needed` candidates: its first reach.
+  AheadBuilder(std::shared_ptr<Graph> graph, const ConvolutionKey& key, bool deterministic,
+               const HeuristicPlans& plans, std::size_t needed, int workers)
+      : graph_(std::move(graph)), key_(key), deterministic_(deterministic), plans_(plans),
         claimed_(new std::atomic<bool>[plans.indices.size()]()), reach_(std::min(needed, size())),
         slots_(plans.indices.size()), used_(plans.indices.size()) {
-    if (cudaGetDevice(&device_) != cudaSuccess) device_ = -1;
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess) return;
     // The calling thread builds the first candidate at once: a worker helps with the compiled ones after it
-    // within the reach, unless a prefetched build makes them.
+    // within the reach.
     std::int64_t ahead = 0;
-    for (std::size_t position = 1; position < reach_; ++position) {
-      if (plans.compiled[position] && !PlanPrefetcher::instance().expected(job(position))) ++ahead;
-    }
+    for (std::size_t position = 1; position < reach_; ++position) ahead += plans.compiled[position];
     workers = std::min<int>(workers, static_cast<int>(ahead));
-    builder_processes_ = builder_processes && ahead >= 2;  // a process costs a CUDA context: not for one build
-    if (workers <= 0 || device_ < 0) return;
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(device_); });
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this, device] { work(device); });
   }
 
   ~AheadBuilder() { finish(); }
@@ -200,15 +146,10 @@ class AheadBuilder {
       std::unique_lock lock(mutex_);
       built_.wait(lock, [&] { return slots_[position].done; });
       taken_.waiting_us += microseconds_since(started);
-      BuiltPlan& plan = slots_[position].plan;
-      if (plan.graph && (!plan.sent || describe_built(plan, *graph_, listed_))) {
+      if (slots_[position].plan.graph) {
         ++taken_.by_workers;
-        return std::move(plan);
+        return std::move(slots_[position].plan);
       }
-    } else if (BuiltPlan plan = prefetched(handle_, position); plan.graph && describe_built(plan, *graph_, listed_)) {
-      ++taken_.prefetched;
-      taken_.restoring_us += microseconds_since(started);
-      return plan;
     }
     const auto building = std::chrono::steady_clock::now();
     BuiltPlan plan{graph_, build_at(*graph_, plans_.indices[position])};
@@ -231,8 +172,8 @@ class AheadBuilder {
   // built that it never took: what the debug log's search profile reports (SearchProfile). Complete after
   // finish().
   struct Taken {
-    int by_workers = 0, prefetched = 0, compiled_here = 0, precompiled_here = 0, built_unused = 0;
-    std::uint64_t waiting_us = 0, restoring_us = 0, building_us = 0;
+    int by_workers = 0, compiled_here = 0, precompiled_here = 0, built_unused = 0;
+    std::uint64_t waiting_us = 0, building_us = 0;
   };
   const Taken& taken() const { return taken_; }
 
@@ -240,7 +181,7 @@ class AheadBuilder {
   void stop() {
     {
       std::lock_guard lock(mutex_);
-      stopped_.store(true);
+      stopped_ = true;
     }
     reached_.notify_all();
   }
@@ -267,32 +208,8 @@ class AheadBuilder {
     return claimed_[position].compare_exchange_strong(expected, true);
   }
 
-  PrefetchJob job(std::size_t position) const { return plans_.job(device_, key_, deterministic_, position); }
-
-  // The plan at `position`, built by `builder` and restored on `handle`; no graph if that failed.
-  BuiltPlan built_by(PlanBuilder& builder, cudnnHandle_t handle, std::size_t position) {
-    std::shared_ptr<const StoredPlan> sent;
-    try {
-      sent = std::make_shared<const StoredPlan>(
-          builder.build(job(position).request, PlanBuilders::instance().settings().build_timeout));
-    } catch (const std::exception&) {  // the builder failed, or could not build it: built here instead
-      return {};
-    }
-    return restored_plan(handle, key_, plans_.indices[position], std::move(sent));
-  }
-
-  // The plan at `position` from a prefetched build (Note [Prefetched builds]), restored on `handle`; no graph if
-  // there is none (a build still queued is cancelled: the caller builds it).
-  BuiltPlan prefetched(cudnnHandle_t handle, std::size_t position) {
-    if (!plans_.compiled[position] || device_ < 0) return {};
-    std::shared_ptr<const StoredPlan> sent =
-        PlanPrefetcher::instance().take(job(position), PlanBuilders::instance().settings().build_timeout);
-    return sent ? restored_plan(handle, key_, plans_.indices[position], std::move(sent)) : BuiltPlan{};
-  }
-
-  // Workers claim runtime-compiled candidates only, in order; each is built in a graph made for it (by the
-  // worker, or by its builder process and restored into one) and handed over with it: a graph is never used by
-  // two threads at once (a build writes its graph's plan list).
+  // Workers claim runtime-compiled candidates only, in order; each is built in a graph made for it and handed
+  // over with it: a graph is never used by two threads at once (a build writes its graph's plan list).
   void work(int device) {
     std::optional<HandlePool::Lease> lease;
     try {
@@ -300,18 +217,7 @@ class AheadBuilder {
     } catch (const std::exception&) {
       return;  // claims nothing: the calling thread builds
     }
-    const cudnnHandle_t handle = lease->get();
-    PlanBuilders& builders = PlanBuilders::instance();
-    std::unique_ptr<PlanBuilder> builder = builder_processes_ ? builders.take(device) : nullptr;
-    const auto drop_failed = [&] {
-      if (builder && builder->failed()) builders.give_back(device, std::move(builder));  // closed and counted
-    };
     for (;;) {
-      try {
-        if (builder && !builder->ready(stopped_)) break;  // stopped while it starts: the next search uses it
-      } catch (const std::exception&) {
-        drop_failed();  // then builds in-process
-      }
       std::size_t position = 0;
       {
         std::unique_lock lock(mutex_);
@@ -320,30 +226,21 @@ class AheadBuilder {
         position = cursor_++;
       }
       if (!plans_.compiled[position] || !claim(position)) continue;
-      BuiltPlan plan = prefetched(handle, position);
-      if (!plan.graph && builder) plan = built_by(*builder, handle, position);
-      drop_failed();
-      if (!plan.graph) {
-        plan = build_listed(handle, key_, deterministic_, plans_.indices[position], plans_.names[position]);
-      }
+      BuiltPlan plan = build_listed(lease->get(), key_, deterministic_, plans_.indices[position],
+                                    plans_.names[position]);
       std::lock_guard lock(mutex_);
       slots_[position] = {true, std::move(plan)};
       built_.notify_all();
     }
-    builders.give_back(device, std::move(builder));
   }
 
-  cudnnHandle_t handle_;
-  int device_ = -1;  // the calling thread's
   std::shared_ptr<Graph> graph_;
-  std::int64_t listed_;  // graph_'s plans: heuristics' list
   const ConvolutionKey& key_;
   bool deterministic_;
-  bool builder_processes_ = false;
   const HeuristicPlans& plans_;
   std::unique_ptr<std::atomic<bool>[]> claimed_;  // per position: taken by a worker or the calling thread
-  std::atomic<bool> stopped_{false};              // set under mutex_, for reached_'s waits
   std::mutex mutex_;
+  bool stopped_ = false;    // guarded by mutex_
   std::size_t cursor_ = 0;  // guarded by mutex_: the next position a worker looks at
   std::size_t reach_;       // guarded by mutex_: workers claim positions below it (extend)
   std::condition_variable reached_;  // reach_ grew, or stopped_ was set
@@ -354,64 +251,10 @@ class AheadBuilder {
   Taken taken_;  // the calling thread's
 };
 
-// Note [Mode B ahead]
-// ~~~~~~~~~~~~~~~~~~~
-// Step 2's query, heuristics mode B's first picks, is CPU work that does not depend on what step 1 times: an
-// operation graph of its own and mode B's model, 15-20 ms a key on the H200 (2.1 s of a cold bf16 channels-last
-// MobileNetV2's 90 searches, more than step 1 of its 60 keys without a compiled candidate). So it runs from the
-// search's start on a thread of its own, on a cuDNN handle of the HandlePool, and step 2 waits for its configs
-// (0.6 s of waiting in all there); with no thread or handle to be had, step 2 queries on the calling thread, as
-// it did. The configs are the same either way (heuristics are deterministic for a key), and are built and timed
-// on the calling thread.
-class ModeBAhead {
- public:
-  ModeBAhead(const ConvolutionKey& key, int count) : key_(key), count_(count) {
-    int device = -1;
-    if (count <= 0 || cudaGetDevice(&device) != cudaSuccess) return;
-    try {
-      query_ = std::async(std::launch::async, [this, device] {
-        const auto started = std::chrono::steady_clock::now();
-        const HandlePool::Lease lease(device);
-        std::vector<EngineCandidate> configs = mode_b_configs(lease.get(), key_, count_);
-        query_us_ = microseconds_since(started);
-        return std::optional<std::vector<EngineCandidate>>(std::move(configs));
-      });
-    } catch (const std::system_error&) {  // no thread: step 2 queries itself
-    }
-  }
-
-  ModeBAhead(const ModeBAhead&) = delete;  // the thread holds `this`
-  ModeBAhead& operator=(const ModeBAhead&) = delete;
-
-  // Mode B's configs: the thread's, else queried now on `handle`. Called once.
-  std::vector<EngineCandidate> configs(cudnnHandle_t handle) {
-    const auto started = std::chrono::steady_clock::now();
-    std::optional<std::vector<EngineCandidate>> configs;
-    if (query_.valid()) {
-      try {
-        configs = query_.get();
-      } catch (const std::exception&) {  // no pool handle: queried here
-      }
-    }
-    waited_us_ = microseconds_since(started);
-    return configs ? std::move(*configs) : mode_b_configs(handle, key_, count_);
-  }
-
-  // For the search profile: the query's time on its thread (0 if it ran here), and the calling thread's wait.
-  std::uint64_t query_us() const { return query_us_; }
-  std::uint64_t waited_us() const { return waited_us_; }
-
- private:
-  ConvolutionKey key_;
-  int count_;
-  std::uint64_t query_us_ = 0, waited_us_ = 0;
-  std::future<std::optional<std::vector<EngineCandidate>>> query_;  // last: its destructor waits for the thread
-};
-
 // Where one search's time went, logged at debug level after it (CUDNN_CACHE_LOG=debug), so that a cold start can
 // be profiled per key and per step: the step times are the calling thread's wall time, step 1's split into
-// waiting for workers' builds, building here and restoring prefetched plans (the rest of it is timing), and
-// what workers built that step 1 never took (Note [Parallel candidate builds]).
+// waiting for workers' builds and building here (the rest of it is timing), and what workers built that step 1
+// never took (Note [Parallel candidate builds]).
 class SearchProfile {
  public:
   explicit SearchProfile(const LogSink& log) : log_(log) {}
@@ -425,16 +268,13 @@ class SearchProfile {
   }
 
   void log(const ConvolutionKey& key, const HeuristicPlans& plans, const AheadBuilder::Taken& taken,
-           const ModeBAhead& mode_b, std::size_t timed) const {
+           std::size_t timed) const {
     if (!log_) return;
     log_(detail::concat("search profile: ", steps_, " ms; step 1's list held ", plans.indices.size(), " plans, ",
                         std::count(plans.compiled.begin(), plans.compiled.end(), true), " runtime-compiled; it took ",
-                        taken.by_workers, " plans from workers (",
-                        taken.waiting_us / 1000, " ms waiting), ", taken.prefetched, " prefetched (",
-                        taken.restoring_us / 1000, " ms restoring), built ", taken.compiled_here, " compiled and ",
-                        taken.precompiled_here, " precompiled here (", taken.building_us / 1000, " ms); ",
-                        taken.built_unused, " built ahead and not taken; mode B's query took ", mode_b.query_us() / 1000,
-                        " ms on its thread (", mode_b.waited_us() / 1000, " ms waiting); ", timed,
+                        taken.by_workers, " plans from workers (", taken.waiting_us / 1000, " ms waiting), built ",
+                        taken.compiled_here, " compiled and ", taken.precompiled_here, " precompiled here (",
+                        taken.building_us / 1000, " ms); ", taken.built_unused, " built ahead and not taken; ", timed,
                         " configs timed; for ", key));
   }
 
@@ -543,11 +383,11 @@ class EngineSearch {
   std::shared_ptr<Graph> shared_graph() const { return graph_; }
 
   // Times a built plan of any of the search's graphs (a worker's graph lists heuristics' plans as the search's
-  // does; a restored one is described by the search's graph). A plan of heuristics' list is described by its
+  // does). A plan of heuristics' list is described by its
   // position where its knobs cannot all be named, so what is timed is what a replay runs: native's own plan,
   // knobs and all.
   bool time_built(const BuiltPlan& plan) {
-    std::optional<EngineCandidate> config = describe_built(plan, *graph_, listed_);
+    std::optional<EngineCandidate> config = describe_plan(*plan.graph, plan.index, listed_);
     if (!config || config->workspace_bytes > options_.max_workspace_bytes) return false;
     const std::optional<Workspace> workspace = workspace_for(allocate_, config->workspace_bytes);
     if (!workspace) return false;  // out of memory: not a candidate here
@@ -678,25 +518,22 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
   SearchProfile profile(options.debug_log);
   const Bounds bounds = bounds_of(options);
-  ModeBAhead mode_b(key, bounds.mode_b);  // Note [Mode B ahead]
   EngineSearch search(handle, key, buffers, allocate, options);
   Graph& graph = search.graph();
   // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
   //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
   const HeuristicPlans plans = search.heuristic_plans();
-  //    Workers: one per builder process (Note [Builder processes]), else build_threads - 1.
   const int threads = options.build_threads > 0 ? options.build_threads : usable_cores();
-  const int workers = options.build_processes > 0 ? options.build_processes : threads - 1;
-  AheadBuilder builder(handle, search.shared_graph(), key, options.deterministic, plans,
-                       static_cast<std::size_t>(std::max(bounds.heuristic, 0)), std::min(workers, bounds.heuristic - 1),
-                       options.build_processes > 0);
+  AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans,
+                       static_cast<std::size_t>(std::max(bounds.heuristic, 0)),
+                       std::min(threads - 1, bounds.heuristic - 1));
   profile.lap("heuristics' list");
   search.time_heuristics(builder, plans, bounds.heuristic);
   builder.stop();
   profile.lap("step 1");
   search.time_deterministic_pick(plans);
-  // 2. Mode B's first picks, where they are not among those.
-  for (const EngineCandidate& config : mode_b.configs(handle)) {
+  // 2. Mode B's first picks, where they are not among those, queried here.
+  for (const EngineCandidate& config : mode_b_configs(handle, key, bounds.mode_b)) {
     const std::int64_t index = add_plan(graph, config);
     if (index >= 0) search.time(index);
   }
@@ -718,67 +555,15 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
   profile.lap("confirm");
   builder.finish();
   profile.lap("workers' last builds");
-  profile.log(key, plans, builder.taken(), mode_b, search.timed());
+  profile.log(key, plans, builder.taken(), search.timed());
   auto [ranked, built] = search.ranked();
-  // Building a built plan again only selects it, for execute() and serialize(); a restored plan is its graph's
-  // only one, selected, and keeps the bytes it came from (Note [Builder processes]).
+  // Building a built plan again only selects it, for execute() and serialize().
   const BuiltPlan& best_built = built.front();
-  if (best_plan && (best_built.sent || best_built.graph->build_plan_at_index(best_built.index).is_good())) {
+  if (best_plan && best_built.graph->build_plan_at_index(best_built.index).is_good()) {
     *best_plan = std::shared_ptr<const GraphPlan>(
-        new GraphPlan(static_cast<Direction>(key.direction), best_built.graph, ranked.front().workspace_bytes,
-                      best_built.sent ? best_built.sent->bytes : std::vector<std::uint8_t>{}));
+        new GraphPlan(static_cast<Direction>(key.direction), best_built.graph, ranked.front().workspace_bytes));
   }
   return ranked;
-}
-
-bool prefetch_compiled_plans(cudnnHandle_t handle, const ConvolutionKey& key, const GraphSearchOptions& options) {
-  int device = -1;
-  if (options.build_processes <= 0 || cudaGetDevice(&device) != cudaSuccess ||
-      !PlanBuilders::instance().available(device)) {
-    return false;
-  }
-  try {
-    const std::shared_ptr<Graph> graph = heuristic_graph(handle, key, options.deterministic);
-    const HeuristicPlans plans = heuristic_plans(*graph);
-    // Step 1 takes positions in order until bounds.heuristic are timed: those after it are rarely reached.
-    const std::size_t reached = std::min<std::size_t>(plans.indices.size(),
-                                                      static_cast<std::size_t>(bounds_of(options).heuristic));
-    std::vector<PrefetchJob> jobs;
-    for (std::size_t position = 0; position < reached; ++position) {
-      if (plans.compiled[position]) jobs.push_back(plans.job(device, key, options.deterministic, position));
-    }
-    return PlanPrefetcher::instance().enqueue(jobs, options.build_processes);
-  } catch (const std::exception&) {  // no list, no prefetch: the search makes it, or says why
-    return false;
-  }
-}
-
-int run_plan_builder(int fd, const std::string& pci_bus_id, std::chrono::milliseconds idle) {
-  int device = -1;
-  const cudaError_t found = cudaDeviceGetByPCIBusId(&device, pci_bus_id.c_str());
-  CUDNN_CACHE_REQUIRE(found == cudaSuccess, "no CUDA device has PCI bus id '", pci_bus_id, "' (",
-                      cudaGetErrorString(found), "); a builder process needs the GPU of the process it builds for");
-  CUDNN_CACHE_REQUIRE(cudaSetDevice(device) == cudaSuccess, "cannot use CUDA device ", device, " (PCI bus id ",
-                      pci_bus_id, ")");
-  cudnnHandle_t handle = nullptr;
-  CUDNN_CACHE_CHECK(cudnnCreate(&handle));
-  const auto version = static_cast<std::uint32_t>(cudnnGetVersion());
-  const int status = builder_protocol::serve_plan_builds(
-      fd, version,
-      [&](const builder_protocol::BuildRequest& request) {
-        const BuiltPlan plan = build_listed(handle, request.key, request.deterministic, request.index, request.name);
-        CUDNN_CACHE_REQUIRE(plan.graph, "cuDNN graph API: heuristics' plan #", request.index, " for ", request.key,
-                            " is not ", request.name, " here");
-        CUDNN_CACHE_REQUIRE(plan.index >= 0, "cuDNN graph API: ", request.name, " does not build for ", request.key);
-        const std::optional<EngineCandidate> config =
-            describe_plan(*plan.graph, plan.index, plan.graph->get_execution_plan_count());
-        CUDNN_CACHE_REQUIRE(config, "cuDNN graph API: cannot describe ", request.name, " for ", request.key);
-        return StoredPlan{*config, version,
-                          serialize_selected(*plan.graph, static_cast<Direction>(request.key.direction))};
-      },
-      idle);
-  cudnnDestroy(handle);
-  return status;
 }
 
 }  // namespace cudnn_cache

@@ -123,7 +123,7 @@ void settle_against_native(std::vector<EngineCandidate>& configs, std::size_t na
 
 // Note [Settling in steady state]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A search decides inside the step that missed: the process is busy tuning (builder processes and threads
+// A search decides inside the step that missed: the process is busy tuning (worker threads
 // compiling other candidates, the host's caches full of the search's graphs), and its rounds time a call, host
 // part included (Note [Timing the whole call]), under that load. Where a key's kernels take a few microseconds the
 // load is much of what the rounds see: on exhaustive RegNetY-400MF (fp32, H100, 2026-12-06) the search's rounds

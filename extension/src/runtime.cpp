@@ -16,7 +16,6 @@
 #include <vector>
 
 #include <sched.h>
-#include <unistd.h>
 
 #include "backends.h"
 #include "call_memo.h"
@@ -24,17 +23,9 @@
 #include "elapsed.h"
 #include "handle_pool.h"
 #include "in_flight.h"
-#include "plan_builders.h"
-#include "plan_prefetch.h"
 #include "plan_cache.h"
 
 namespace cudnn_cache {
-
-std::string within_workspace_limit(std::uint64_t limit) {
-  if (limit == Runtime::kNoWorkspaceLimit) return {};
-  return detail::concat(" within the workspace limit of ", limit,
-                        " bytes; raise the limit (cudnn_cache.set_workspace_limit) or remove it");
-}
 
 namespace {
 
@@ -265,7 +256,6 @@ void Runtime::set_search_options(const GraphSearchOptions& options) {
   check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
   check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
   check(options.build_threads >= 0, "build_threads", options.build_threads, ">= 0 (0: the cores this process may use)");
-  check(options.build_processes >= 0, "build_processes", options.build_processes, ">= 0 (0: build in-process)");
   check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
   // Every config a search times must fit in the ranking it stores: these, heuristics' first pick and native's
   // deterministic pick (Note [Deterministic calls]). An exhaustive search keeps the fastest that fit, native's
@@ -291,15 +281,6 @@ GraphSearchOptions Runtime::search_options() const {
   return options;
 }
 
-void Runtime::set_plan_builder(const std::string& path) {
-  CUDNN_CACHE_REQUIRE(path.empty() || access(path.c_str(), X_OK) == 0, "plan builder '", path,
-                      "' is not an executable file: name cudnn_cache_tool (installed in the package's bin/, or in a "
-                      "build folder), or pass \"\" to build plans in-process");
-  PlanBuilders::instance().set_executable(path);
-}
-
-bool Runtime::yield_builder_memory(int device) { return PlanBuilders::instance().yield_memory(device); }
-
 void Runtime::set_plan_cache_limit(std::size_t limit) { plans_->set_limit(limit); }
 
 std::size_t Runtime::plan_cache_limit() const { return plans_->limit(); }
@@ -318,8 +299,6 @@ Stats Runtime::stats() const {
           capture_misses_.load(),
           tune_waits_.load(),
           lent_.load(),
-          PlanBuilders::instance().plans_built() - builder_plans_at_reset_.load(),
-          PlanPrefetcher::instance().plans_taken() - prefetched_plans_at_reset_.load(),
           plans_->size()};
 }
 
@@ -330,51 +309,6 @@ void Runtime::reset_stats() {
                         &capture_misses_, &tune_waits_, &lent_}) {
     *counter = 0;
   }
-  builder_plans_at_reset_ = PlanBuilders::instance().plans_built();
-  prefetched_plans_at_reset_ = PlanPrefetcher::instance().plans_taken();
-}
-
-namespace {
-// Note [Backward expected]: the gradients the backward pass computes, a bit each.
-constexpr unsigned kInputGradient = 1;
-constexpr unsigned kWeightGradient = 2;
-thread_local unsigned expected_gradients = 0;
-}  // namespace
-
-ExpectBackward::ExpectBackward(bool input_gradient, bool weight_gradient) : previous_(expected_gradients) {
-  if (input_gradient || weight_gradient)
-    expected_gradients = (input_gradient ? kInputGradient : 0) | (weight_gradient ? kWeightGradient : 0);
-}
-
-ExpectBackward::~ExpectBackward() { expected_gradients = previous_; }
-
-std::vector<Direction> ExpectBackward::directions(const ConvolutionKey& key) {
-  std::vector<Direction> result;
-  const auto own = static_cast<Direction>(key.direction);
-  if (own == Direction::backward_filter) return result;  // a gradient's own key, never a recorded call's
-  if (expected_gradients & kInputGradient)
-    result.push_back(own == Direction::forward ? Direction::backward_data : Direction::forward);
-  if (expected_gradients & kWeightGradient) result.push_back(Direction::backward_filter);
-  return result;
-}
-
-void Runtime::prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key) {
-  const std::vector<Direction> directions = ExpectBackward::directions(key);
-  if (directions.empty()) return;
-  if (!search_options().prefetch_backward) return;
-  for (const Direction direction : directions) {
-    ConvolutionKey other = key;
-    other.direction = static_cast<std::int32_t>(direction);
-    prefetch(handle, device, other);
-  }
-}
-
-bool Runtime::prefetch(cudnnHandle_t handle, int device, const ConvolutionKey& key) {
-  const GraphSearchOptions options = search_options();
-  if (options.build_processes <= 0 || caches_for_device(device).holds(true, key)) return false;
-  const bool queued = prefetch_compiled_plans(handle, key, options);
-  if (queued && logs(LogLevel::debug)) log(LogLevel::debug, detail::concat("prefetching plans of ", key));
-  return queued;
 }
 
 void Runtime::set_warning_handler(std::function<void(const std::string&)> handler) {
@@ -602,8 +536,6 @@ Runtime::Found<Traits> Runtime::lookup(cudnnHandle_t handle, int device, PerfCac
   if (policy == MissPolicy::nearest) return {lend(cache, key, backend), true};
   if (policy == MissPolicy::tune) {
     const bool searched = searching_->run_once(&cache, key, [&] {
-      // The backward keys' builds first, so that they compile while this search runs.
-      if constexpr (Chosen::backend == Backend::graph) prefetch_backward(handle, device, key);
       ranking =
           std::make_shared<const Ranking<Traits>>(search<Traits>(backend, key, buffers, allocate, deterministic));
       cache.insert(key, *ranking);

@@ -2,9 +2,6 @@
 // Same commands, options, output, messages and exit codes; tests/python/test_command_lines.py runs one table
 // of cases through both and compares them. Help texts are each command line's own.
 
-#include <sys/stat.h>
-
-#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -17,7 +14,6 @@
 #include "cudnn_cache/atomic_file.h"
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/error.h"
-#include "cudnn_cache/graph.h"
 #include "cudnn_cache/report.h"
 #include "cudnn_cache/synthetic.h"
 
@@ -241,21 +237,6 @@ int synth(const Arguments& args) {
   return kOk;
 }
 
-// A builder process exits on its own after this long without a request: its parent closes it sooner (Note
-// [Builder processes]); this is for a parent that stopped without closing its socket.
-constexpr std::chrono::seconds kBuilderIdle{60};
-constexpr int kBuilderSocket = 3;
-
-int build_plans(const Arguments& args) {
-  struct stat socket_stat {};
-  if (fstat(kBuilderSocket, &socket_stat) != 0 || !S_ISSOCK(socket_stat.st_mode)) {
-    throw UsageError{
-        "serves the process that starts it on fd 3, which is not a socket here: cudnn_cache starts it "
-        "(tuning option build_processes), not a shell"};
-  }
-  return run_plan_builder(kBuilderSocket, args["--device-pci-bus-id"], kBuilderIdle);
-}
-
 const std::vector<Command>& commands() {
   static const std::vector<Command> all = {
       {"inspect", {"file"}, {}, "FILE", "a table of every entry", &inspect},
@@ -291,13 +272,6 @@ const std::vector<Command>& commands() {
        "FILE --entries N [--seed S]",
        "a file of synthetic entries, for tests and benchmarks (N at most 100000; the same seed, the same entries)",
        &synth},
-      {"build-plans",
-       {},
-       {{"--device-pci-bus-id", "", true, true}},
-       "--device-pci-bus-id ID",
-       "a builder process: builds plans for a search of the process that started it, on its fd 3 (cudnn_cache "
-       "starts it: tuning option build_processes)",
-       &build_plans},
   };
   return all;
 }

@@ -171,33 +171,6 @@ TEST_CASE("the record policy's misses are kept once each, and drop out once thei
   CHECK((misses[0].backend == Backend::legacy && misses[0].key == backward && misses[0].origin == origin));
 }
 
-TEST_CASE("a backward pass is expected for the gradients the caller names, in the keys' other directions, and a "
-          "guard restores what the outer one said", "[runtime][prefetch]") {
-  const ConvolutionKey forward = small_forward_key();
-  ConvolutionKey transposed = forward;  // a transposed convolution's forward runs backward data
-  transposed.direction = static_cast<std::int32_t>(Direction::backward_data);
-  using Directions = std::vector<Direction>;
-  CHECK(ExpectBackward::directions(forward).empty());  // no guard: no backward pass expected
-  {
-    const ExpectBackward both(true, true);
-    CHECK(ExpectBackward::directions(forward) == Directions{Direction::backward_data, Direction::backward_filter});
-    CHECK(ExpectBackward::directions(transposed) == Directions{Direction::forward, Direction::backward_filter});
-    {
-      const ExpectBackward weight_only(false, true);  // e.g. the first layer: its input needs no gradient
-      CHECK(ExpectBackward::directions(forward) == Directions{Direction::backward_filter});
-      {
-        const ExpectBackward none(false, false);  // changes nothing
-        CHECK(ExpectBackward::directions(forward) == Directions{Direction::backward_filter});
-      }
-      const ExpectBackward input_only(true, false);
-      CHECK(ExpectBackward::directions(forward) == Directions{Direction::backward_data});
-      CHECK(ExpectBackward::directions(transposed) == Directions{Direction::forward});
-    }
-    CHECK(ExpectBackward::directions(forward).size() == 2);  // the outer guard's again
-  }
-  CHECK(ExpectBackward::directions(forward).empty());
-}
-
 TEST_CASE("a runtime reads its limits from the environment when it starts, and ignores a value that is not a count",
           "[runtime][workspace_limit]") {
   const auto runtime_with = [](const char* plans, const char* workspace) {

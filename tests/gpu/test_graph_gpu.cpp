@@ -21,8 +21,6 @@
 
 #include "cudnn_cache/graph.h"
 #include "graph_internal.h"
-#include "plan_builders.h"
-#include "plan_prefetch.h"
 #include "plan_cache.h"
 
 using namespace cudnn_cache;
@@ -839,18 +837,7 @@ bool distinct_choices(const std::vector<EngineCandidate>& configs) {
   return true;
 }
 
-#ifdef CUDNN_CACHE_TOOL
-// Builder processes on for a case: the other cases' searches build in-process, as the suite's figures were taken.
-struct BuildersOn {
-  BuildersOn() { PlanBuilders::instance().set_executable(CUDNN_CACHE_TOOL); }
-  ~BuildersOn() { PlanBuilders::instance().set_executable(""); }
-  BuildersOn(const BuildersOn&) = delete;
-  BuildersOn& operator=(const BuildersOn&) = delete;
-};
-#endif
-
-// Every config of `serial` is timed by `other` too, described the same way (a restored plan is described by the
-// search's own graph: Note [Parallel candidate builds]).
+// Every config of `serial` is timed by `other` too, described the same way.
 void check_same_configs(const std::vector<EngineCandidate>& serial, const std::vector<EngineCandidate>& other) {
   REQUIRE(other.size() == serial.size());
   CHECK(distinct_choices(other));
@@ -1029,14 +1016,10 @@ TEST_CASE("a plan slower than the give-up bound stops after the warm-up's second
   CHECK(runs(timing) == 3);  // not slower than probe_ratio x the bound
 }
 
-// Note [Parallel candidate builds] and Note [Builder processes]: where a plan is built changes nothing a search
-// times, nor how each config is described.
+// Note [Parallel candidate builds]: where a plan is built changes nothing a search times, nor how each config is
+// described.
 TEST_CASE("plans built on worker threads: the search times the same heuristic configs as on the caller alone",
           "[gpu][graph][search]") {
-#ifdef CUDNN_CACHE_TOOL
-  PlanBuilders& builders = PlanBuilders::instance();
-  const BuildersOn on;
-#endif
   // The depthwise keys' candidates include engines cuDNN compiles at run time (Note [Parallel candidate builds]):
   // one for the forward key, several for the backward-filter one; the dense key's are precompiled.
   Handle handle;
@@ -1044,18 +1027,17 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     INFO(problem.name);
     std::mt19937 random(16);
     Operands operands(problem.key, random);
-    const auto search = [&](int threads, int processes, std::shared_ptr<const GraphPlan>* best, double* ms) {
+    const auto search = [&](int threads, std::shared_ptr<const GraphPlan>* best, double* ms) {
       GraphSearchOptions options = only_heuristics(10);
       options.build_threads = threads;
-      options.build_processes = processes;
       const auto started = std::chrono::steady_clock::now();
       std::vector<EngineCandidate> configs =
           search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, best);
       *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
       return configs;
     };
-    // The best plan handed back is the best config's, built on a worker, in a builder process or on the caller,
-    // and runs on the caller's handle; so does the plan restored from its bytes, as a later process would.
+    // The best plan handed back is the best config's, built on a worker or on the caller, and runs on the caller's
+    // handle; so does the plan restored from its bytes, as a later process would.
     const auto check_best = [&](const std::shared_ptr<const GraphPlan>& best, const EngineCandidate& config) {
       REQUIRE(best != nullptr);
       CHECK(best->workspace_bytes() == config.workspace_bytes);
@@ -1069,101 +1051,14 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
       check_matches_legacy(handle.handle, problem.key, operands, problem.tolerance);
     };
     double serial_ms = 0, parallel_ms = 0;
-    const std::vector<EngineCandidate> serial = search(1, 0, nullptr, &serial_ms);
+    const std::vector<EngineCandidate> serial = search(1, nullptr, &serial_ms);
     std::shared_ptr<const GraphPlan> best;
-    const std::vector<EngineCandidate> parallel = search(8, 0, &best, &parallel_ms);
+    const std::vector<EngineCandidate> parallel = search(8, &best, &parallel_ms);
     WARN(problem.name << ": " << serial.size() << " configs timed in " << serial_ms << " ms on the caller, "
                       << parallel.size() << " in " << parallel_ms << " ms with 8 build threads");
     check_same_configs(serial, parallel);
     check_best(best, parallel.front());
-#ifdef CUDNN_CACHE_TOOL
-    // Builder processes start during the first such search (a CUDA context and cuDNN each: seconds), and
-    // workers claim nothing until theirs is ready, so a search shorter than that builds everything in-process.
-    // Where the key has runtime-compiled configs, searches go on until builders have built some (or their start
-    // timeout passes): a pass must have compared plans they built.
-    const auto compiled_configs = std::count_if(serial.begin(), serial.end(), [](const EngineCandidate& c) {
-      return (c.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
-    });
-    const bool compiled = compiled_configs >= 3;
-    if (problem.key.direction == static_cast<std::int32_t>(Direction::backward_filter)) {
-      REQUIRE(compiled);  // the case is there to compare builders' plans: it must have some to build
-    }
-    const std::uint64_t built_before = builders.plans_built();
-    const auto started = std::chrono::steady_clock::now();
-    double processes_ms = 0;
-    std::vector<EngineCandidate> apart;
-    int searches = 0;
-    while (searches < 3 || (compiled && builders.plans_built() == built_before &&
-                            std::chrono::steady_clock::now() - started < builders.settings().start_timeout)) {
-      apart = search(1, 4, &best, &processes_ms);
-      check_same_configs(serial, apart);
-      check_best(best, apart.front());
-      ++searches;
-    }
-    const std::uint64_t built_apart = builders.plans_built() - built_before;
-    WARN(problem.name << ": " << apart.size() << " configs (" << compiled_configs << " runtime-compiled) timed in "
-                      << processes_ms << " ms with 4 builder processes, which built " << built_apart
-                      << " plans in " << searches << " searches");
-    if (compiled) {
-      CHECK(built_apart > 0);  // else every plan was built in-process, and this compared nothing
-      CHECK_FALSE(builders.disabled(0));
-    }
-#endif
   }
-#ifdef CUDNN_CACHE_TOOL
-  // Idle builders are closed (5 s), which frees their GPU memory.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (builders.running() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  CHECK(builders.running() == 0);
-#endif
-}
-
-// Note [Prefetched builds]: a search whose runtime-compiled candidates were built ahead restores them, and times
-// what a search without them times.
-TEST_CASE("prefetched builds: a search restores the plans built ahead of it and times the same configs",
-          "[gpu][graph][search][prefetch]") {
-#ifdef CUDNN_CACHE_TOOL
-  PlanBuilders& builders = PlanBuilders::instance();
-  const BuildersOn on;
-  Handle handle;
-  const Problem problem = depthwise_wgrad_problem();  // 4 runtime-compiled configs on the H200
-  std::mt19937 random(16);
-  Operands operands(problem.key, random);
-  GraphSearchOptions options = only_heuristics(10);
-  const auto search = [&](int processes) {
-    options.build_processes = processes;
-    return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, nullptr);
-  };
-  const std::vector<EngineCandidate> serial = search(0);
-  const auto compiled = std::count_if(serial.begin(), serial.end(), [](const EngineCandidate& c) {
-    return (c.behavior_notes & EngineCandidate::kRuntimeCompiled) != 0;
-  });
-  REQUIRE(compiled >= 2);
-
-  PlanPrefetcher& prefetcher = PlanPrefetcher::instance();
-  const std::uint64_t taken_before = prefetcher.plans_taken();
-  options.build_processes = 4;
-  REQUIRE(prefetch_compiled_plans(handle.handle, problem.key, options));
-  // The builders start (seconds: CUDA and cuDNN load) and compile; polled, as a training step would not wait.
-  const auto deadline = std::chrono::steady_clock::now() + builders.settings().start_timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const PlanPrefetcher::Counts counts = prefetcher.counts();
-    if (counts.queued == 0 && counts.in_flight == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  const std::size_t finished = prefetcher.counts().finished;
-  WARN(problem.name << ": " << finished << " prefetched builds finished for " << compiled
-                    << " runtime-compiled configs timed");
-  REQUIRE(finished >= 1);
-  const std::uint64_t running = builders.running();
-  const std::vector<EngineCandidate> prefetched = search(4);
-  check_same_configs(serial, prefetched);
-  CHECK(prefetcher.plans_taken() > taken_before);
-  CHECK(builders.running() <= running);  // its compiled candidates were built: no builder started for it
-  CHECK_FALSE(builders.disabled(0));
-#endif
 }
 
 TEST_CASE("an exhaustive search times every heuristic config, keeps at least what the default one does",

@@ -1,7 +1,7 @@
 """One table of cases, run through both command lines: python -m cudnn_cache and the C++ cudnn_cache_tool (for
 machines without Python) give the same exit code, the same stdout and the same stderr, the program's name aside,
 and leave the same files. Help texts are each command line's own; `tune`, `remote` and `run` need Python (and a
-GPU or Redis) and are the Python command line's alone; `build-plans` is the tool's, started by the runtime."""
+GPU or Redis) and are the Python command line's alone."""
 import subprocess
 import sys
 

@@ -155,35 +155,6 @@ def test_split_deals_costliest_first_in_snake_order():
     assert distributed.split(list(reversed(problems)), [1, 2, 3]) == plan  # the same on every rank
 
 
-def test_prefetched_in_turn_queues_each_key_and_the_next_ones_before_yielding_it(monkeypatch):
-    problems = keys(12)
-    events = []
-
-    def prefetch_key(key, backend, device):
-        events.append(("queued", (backend, tuple(key)), device))
-        if len(events) == 3:
-            raise RuntimeError("not a valid key")  # swallowed: the key's tuning says why
-        return True
-
-    monkeypatch.setattr(distributed._ops, "prefetch_key", prefetch_key)
-    for problem in distributed.prefetched_in_turn(iter(problems), device=1):
-        events.append(("yielded", problem))
-    ahead = distributed.PREFETCH_AHEAD
-    assert [event[1] for event in events if event[0] == "yielded"] == problems
-    assert [event[1] for event in events if event[0] == "queued"] == problems  # each once, in order
-    assert {event[2] for event in events if event[0] == "queued"} == {1}
-    for index, problem in enumerate(problems):
-        before = events[:events.index(("yielded", problem))]
-        queued = [event[1] for event in before if event[0] == "queued"]
-        assert queued == problems[:min(len(problems), index + 1 + ahead)], index  # itself and the next ones
-
-
-def test_prefetch_key_refuses_a_device_it_cannot_build_for(cache_state):
-    message = "device 99 does not exist" if torch.cuda.is_available() else "no CUDA device"
-    with pytest.raises(RuntimeError, match=f"cudnn_cache.prefetch_key: {message}"):
-        torch.ops.cudnn_cache.prefetch_key(list(keys(1)[0][1]), "graph", 99)
-
-
 def test_sync_without_a_process_group_tunes_everything_itself(cache_state):
     origin = ("Test GPU A", 9, 0, 132, 9, 19)
     tuned = []

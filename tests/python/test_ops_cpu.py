@@ -3,7 +3,6 @@ CPU kernels against torch, the cached modules and convert(), TorchScript, opchec
 errors, and the cache-file API (with files written by cudnn_cache_tool, since nothing is tuned on a CPU)."""
 
 import json
-import os
 import subprocess
 import sys
 from typing import List
@@ -601,7 +600,7 @@ def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
                           "plans_deserialized", "plan_rebuilds", "plan_evictions", "capture_misses", "tune_waits",
-                          "lent", "builder_plans", "prefetched_plans", "plans", "entries"}
+                          "lent", "plans", "entries"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0 and stats["plans"] == 0
 
@@ -642,15 +641,12 @@ def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
     assert cudnn_cache.tuning_options() == {"warmup": 3, "repetitions": 7, "max_candidates": 10,
                                             "mode_b_candidates": 3, "knob_variants": 4, "finalists": 3, "flush_l2": True,
                                             "give_up_ratio": 1.5, "build_threads": 0, "exhaustive": False,
-                                            "rank_deterministic": False,
-                                            "build_processes": min(len(os.sched_getaffinity(0)) - 1, 8),
-                                            "prefetch_backward": True}
+                                            "rank_deterministic": False}
     cudnn_cache.set_tuning_options(repetitions=11, flush_l2=False, build_threads=4, exhaustive=True,
-                                   rank_deterministic=True, build_processes=0, prefetch_backward=False)
+                                   rank_deterministic=True)
     options = cudnn_cache.tuning_options()
     assert options["repetitions"] == 11 and options["flush_l2"] is False and options["warmup"] == 3
     assert options["build_threads"] == 4 and options["exhaustive"] is True and options["rank_deterministic"] is True
-    assert options["build_processes"] == 0 and options["prefetch_backward"] is False
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['repeats'\]"):
         cudnn_cache.set_tuning_options(repeats=5)
     with pytest.raises(RuntimeError, match="tuning option repetitions must be >= 1, got 0"):
@@ -661,18 +657,20 @@ def test_tuning_options_default_round_trip_and_refuse_bad_values(cache_state):
         cudnn_cache.set_tuning_options(give_up_ratio=0.9)
     with pytest.raises(RuntimeError, match="build_threads must be between 0 and 1000, got -2"):
         cudnn_cache.set_tuning_options(build_threads=-2)
-    with pytest.raises(RuntimeError, match="build_processes must be between 0 and 1000, got -1"):
-        cudnn_cache.set_tuning_options(build_processes=-1)
     assert cudnn_cache.tuning_options() == options  # a refused change changes nothing
 
 
-def test_the_package_gives_searches_its_tool_for_builder_processes():
-    tool = cudnn_cache._library.tool_path()  # the package's bin/, or the build folder's
-    assert tool is not None and os.path.basename(tool) == "cudnn_cache_tool" and os.access(tool, os.X_OK)
-    with pytest.raises(RuntimeError, match="plan builder '/no/such/cudnn_cache_tool' is not an executable file"):
-        torch.ops.cudnn_cache.set_plan_builder("/no/such/cudnn_cache_tool")
-    torch.ops.cudnn_cache.set_plan_builder("")  # builds in-process from now on
-    torch.ops.cudnn_cache.set_plan_builder(tool)
+@pytest.mark.parametrize("option, value", [("build_processes", 4), ("prefetch_backward", True)])
+def test_the_removed_tuning_options_are_refused_with_what_to_do(cache_state, option, value):
+    before = cudnn_cache.tuning_options()
+    with pytest.raises(TypeError) as refused:
+        cudnn_cache.set_tuning_options(**{option: value}, warmup=1)
+    message = str(refused.value)
+    assert message.startswith(f"set_tuning_options: {option} was removed: ") and \
+        "python -m cudnn_cache tune FILE" in message, message
+    assert cudnn_cache.tuning_options() == before and option not in before  # nothing was set
+    with pytest.raises(TypeError, match="build_processes, prefetch_backward were removed: "):
+        cudnn_cache.set_tuning_options(prefetch_backward=False, build_processes=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; test_ops_gpu.py covers audit and settle")

@@ -93,4 +93,5 @@ def test_every_command_has_its_own_help(build_dir, command):
         assert "exit codes:" in result.stdout
     listing = run_tool(build_dir, "--help").stdout
     assert all(f"  {name} " in listing for name in ("inspect", "validate", "stats", "diff", "merge", "export",
-                                                     "import", "synth", "build-plans"))
+                                                     "import", "synth"))
+    assert "build-plans" not in listing

@@ -204,8 +204,6 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("capture_misses", static_cast<std::int64_t>(s.capture_misses));
   result.insert("tune_waits", static_cast<std::int64_t>(s.tune_waits));
   result.insert("lent", static_cast<std::int64_t>(s.lent));
-  result.insert("builder_plans", static_cast<std::int64_t>(s.builder_plans));
-  result.insert("prefetched_plans", static_cast<std::int64_t>(s.prefetched_plans));
   result.insert("plans", static_cast<std::int64_t>(s.plans));
   result.insert("entries", size());
   return result;
@@ -260,8 +258,7 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
                         std::optional<std::int64_t> knob_variants, std::optional<std::int64_t> finalists,
                         std::optional<bool> flush_l2, std::optional<double> give_up_ratio,
                         std::optional<std::int64_t> build_threads, std::optional<bool> exhaustive,
-                        std::optional<bool> rank_deterministic, std::optional<std::int64_t> build_processes,
-                        std::optional<bool> prefetch_backward) {
+                        std::optional<bool> rank_deterministic) {
   Runtime& runtime = Runtime::instance();
   GraphSearchOptions options = runtime.search_options();
   const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
@@ -277,18 +274,11 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
   narrow(knob_variants, options.knob_variants, "knob_variants");
   narrow(finalists, options.finalists, "finalists");
   narrow(build_threads, options.build_threads, "build_threads");
-  narrow(build_processes, options.build_processes, "build_processes");
   if (flush_l2) options.flush_l2 = *flush_l2;
   if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
   if (exhaustive) options.exhaustive = *exhaustive;
   if (rank_deterministic) options.rank_deterministic = *rank_deterministic;
-  if (prefetch_backward) options.prefetch_backward = *prefetch_backward;
   rethrow([&] { runtime.set_search_options(options); });
-}
-
-// The cudnn_cache_tool that searches start builder processes from; "" builds plans in-process.
-void set_plan_builder(const std::string& path) {
-  rethrow([&] { Runtime::instance().set_plan_builder(path); });
 }
 
 c10::Dict<std::string, c10::IValue> get_tuning_options() {
@@ -303,8 +293,6 @@ c10::Dict<std::string, c10::IValue> get_tuning_options() {
   result.insert("flush_l2", options.flush_l2);
   result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
   result.insert("build_threads", static_cast<std::int64_t>(options.build_threads));
-  result.insert("build_processes", static_cast<std::int64_t>(options.build_processes));
-  result.insert("prefetch_backward", options.prefetch_backward);
   result.insert("exhaustive", options.exhaustive);
   result.insert("rank_deterministic", options.rank_deterministic);
   return result;
@@ -368,7 +356,6 @@ TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("get_backend", &get_backend);
   m.impl("set_tuning_options", &set_tuning_options);
   m.impl("get_tuning_options", &get_tuning_options);
-  m.impl("set_plan_builder", &set_plan_builder);
   m.impl("set_log_level", &set_log_level);
   m.impl("get_log_level", &get_log_level);
   m.impl("prepare", &prepare);

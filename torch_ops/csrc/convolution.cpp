@@ -5,7 +5,6 @@
 #include "convolution.h"
 
 #include <ATen/autocast_mode.h>
-#include <ATen/core/grad_mode.h>
 #include <torch/library.h>
 
 #include "cudnn_cache/runtime.h"
@@ -93,10 +92,6 @@ at::Tensor cached_convolution(const at::Tensor& given_input, const at::Tensor& w
                               std::int64_t groups) {
   const char* op = transposed ? "convolution_transpose" : "convolution";
   const at::Tensor input = cudnn_input(given_input);
-  // Where autograd records this call, its backward ops follow, one for each operand that requires grad: a miss
-  // prefetches their keys' builds (Note [Backward expected] in runtime.h).
-  const bool recorded = at::GradMode::is_enabled();
-  const ExpectBackward backward(recorded && input.requires_grad(), recorded && weight.requires_grad());
   // The cached op adds the bias (Note [Gradients of the cached ops]) and checks it too, but it is checked here
   // first so that the error names the op the caller called.
   if (transposed) {  // the backward-data of the convolution from its output to its input

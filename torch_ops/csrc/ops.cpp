@@ -55,9 +55,8 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("set_tuning_options(int? warmup=None, int? repetitions=None, int? max_candidates=None, "
         "int? mode_b_candidates=None, int? knob_variants=None, int? finalists=None, bool? flush_l2=None, "
         "float? give_up_ratio=None, int? build_threads=None, bool? exhaustive=None, "
-        "bool? rank_deterministic=None, int? build_processes=None, bool? prefetch_backward=None) -> ()");
+        "bool? rank_deterministic=None) -> ()");
   m.def("get_tuning_options() -> Dict(str, Any)");
-  m.def("set_plan_builder(str path) -> ()");
   m.def("audit(int? device=None) -> Dict(str, Any)[]");
   m.def("settle(int? device=None) -> Dict(str, Any)[]");
   m.def("set_intercept(bool enabled) -> ()");
@@ -82,7 +81,6 @@ TORCH_LIBRARY(cudnn_cache, m) {
         "str[] reasons)");
   m.def("replaced_entry_names() -> str[]");
   m.def("tune_key(int[] key, str backend, int? device=None) -> int");
-  m.def("prefetch_key(int[] key, str backend, int? device=None) -> bool");
 
   // Cache files, without this process's cache (python -m cudnn_cache).
   m.def("file_summary(str path) -> str");

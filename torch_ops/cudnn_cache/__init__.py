@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from . import _environment
-from ._library import library_path, load_library, tool_path
+from ._library import library_path, load_library
 
 # Every variable is checked before anything is loaded: See Note [Bad environment variables] in _environment.py.
 _intercept_at_import = _environment.intercept()
@@ -31,9 +31,6 @@ _environment.workspace_limit()
 _environment.miss_policy()
 _remote_at_import = _environment.remote()
 load_library()
-_tool = tool_path()
-if _tool is not None:  # else $CUDNN_CACHE_TOOL, or plans are built in-process
-    torch.ops.cudnn_cache.set_plan_builder(_tool)
 
 from . import functional  # noqa: E402  (needs the ops registered)
 from .modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, convert  # noqa: E402
@@ -276,18 +273,9 @@ def set_tuning_options(**options) -> None:
       the first timings, without that guarantee;
     - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
     - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best;
-    - build_threads (0): threads that build the heuristics' candidates (cuDNN compiles some engines at run
-      time, 50-250 ms each) while the calling thread times those built, when build_processes is 0; 0: the
-      cores this process may run on; 1: build on the calling thread only;
-    - build_processes (the usable cores - 1, at most 8): builder processes that build the runtime-compiled
-      candidates instead, one per worker thread: cuDNN's compilations overlap across processes but not threads.
-      They start when a search has two or more such candidates, hold a CUDA context each (about 0.5 GB) and end
-      after 5 s unused, or for good once this process's allocations leave less than 10% of the GPU's memory
-      (at least 2 GiB) free; 0: build in-process on build_threads. Any failure of theirs falls back to in-process;
-    - prefetch_backward (True): when a forward convolution that autograd records (grad mode on, input or weight requiring
-      grad) misses, builder processes build its backward keys' runtime-compiled candidates while
-      the forward search runs, and the backward pass's searches restore them instead of compiling; needs
-      build_processes > 0;
+    - build_threads (0): threads that build the heuristics' runtime-compiled candidates (cuDNN compiles some
+      engines at run time, 50-250 ms each) while the calling thread times those built; 0: the cores this
+      process may run on; 1: build on the calling thread only;
     - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's
       heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least;
       the bounds above on candidates are ignored. Minutes per model, paid once;
@@ -296,11 +284,26 @@ def set_tuning_options(**options) -> None:
       run (the ranking's first deterministic config) is settled too; for tuning ahead of deterministic
       training (scripts/warm_start.py --deterministic). Those rounds make each search longer.
     """
+    removed = sorted(set(options) & set(_REMOVED_TUNING_OPTIONS))
+    if removed:
+        raise TypeError(f"set_tuning_options: {', '.join(removed)} "
+                        f"{'was' if len(removed) == 1 else 'were'} removed: "
+                        f"{'; '.join(_REMOVED_TUNING_OPTIONS[name] for name in removed)}")
     unknown = set(options) - set(tuning_options())
     if unknown:
         raise TypeError(f"set_tuning_options: unknown option(s) {sorted(unknown)}; "
                         f"the options are {sorted(tuning_options())}")
     _ops.set_tuning_options(**options)
+
+
+# Options set_tuning_options once took, and what to do instead.
+_REMOVED_TUNING_OPTIONS = {
+    "build_processes": "searches build plans in this process only (build_threads); to tune many keys ahead, "
+                       "record them (set_miss_policy('record'), save) and tune the file with "
+                       "`python -m cudnn_cache tune FILE`",
+    "prefetch_backward": "backward keys are built by their own searches; to tune a model's keys ahead, record them "
+                         "and run `python -m cudnn_cache tune FILE`, or scripts/warm_start.py",
+}
 
 
 def tuning_options() -> Dict[str, Any]:
@@ -384,10 +387,8 @@ def stats() -> Dict[str, int]:
     and plan_rebuilds (stored plans restored, and those rebuilt instead); plan_evictions (plans evicted by
     the plan cache's limit); capture_misses; tune_waits (misses that waited for another thread's search of
     the same key instead of searching it again); lent (keys the 'nearest' miss policy lent a neighbour's
-    choice); builder_plans (candidate plans that builder processes built for searches, tuning option
-    build_processes); prefetched_plans (of those, plans built ahead of their key's search that it restored,
-    tuning option prefetch_backward); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit())
-    and entries now cached."""
+    choice); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit()) and
+    entries now cached."""
     return dict(_ops.stats())
 
 
@@ -408,26 +409,28 @@ def clear() -> None:
 
 def tune_pending(max_seconds: Optional[float] = None, device: Optional[int] = None) -> int:
     """Tunes the pending keys of CUDA device `device` (default: the current one) now, one after another, and
-    returns how many it tuned; builder processes compile the runtime-compiled candidates of the next keys
-    meanwhile (distributed.prefetched_in_turn). A key is pending when a call met it and did not tune it: a miss
-    under the 'record' miss policy (or under 'tune' during a CUDA-graph capture), or a pending key of a loaded
-    file, of this GPU and cuDNN (distributed.recorded_misses() lists them all). Call it off the training path,
-    between epochs for instance, then save(): the next process runs those shapes tuned. With max_seconds it stops
-    starting keys once that much time has passed (the key under way finishes); the rest stay pending, and the
-    builds queued for up to distributed.PREFETCH_AHEAD of them finish in the background."""
+    returns how many it tuned. A key is pending when a call met it and did not tune it: a miss under the
+    'record' miss policy (or under 'tune' during a CUDA-graph capture), or a pending key of a loaded file, of
+    this GPU and cuDNN (distributed.recorded_misses() lists them all). Call it off the training path, between
+    epochs for instance, then save(): the next process runs those shapes tuned. With max_seconds it stops
+    starting keys once that much time has passed (the key under way finishes); the rest stay pending."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"cudnn_cache.tune_pending: max_seconds must be a number of seconds >= 0 or None, not "
                          f"{max_seconds!r}")
     from . import distributed
 
     origin = distributed.device_origin(device)
+    pending = [(backend, key) for where, backend, key in distributed.recorded_misses() if where == origin]
+    return _tune_in_turn(pending, device, max_seconds)
+
+
+def _tune_in_turn(problems, device: Optional[int], max_seconds: Optional[float]) -> int:
+    """Tunes the (backend, key) problems on CUDA device `device` one after another, starting none after
+    `max_seconds` (None: no bound); returns how many it tuned. What tune_pending() runs."""
     started = time.perf_counter()
     tuned = 0
-    pending = [(backend, key) for where, backend, key in distributed.recorded_misses() if where == origin]
-    turns = distributed.prefetched_in_turn(pending, device)  # queues builds as it goes: asked only within the time
-    while max_seconds is None or time.perf_counter() - started < max_seconds:
-        backend, key = next(turns, (None, None))
-        if key is None:
+    for backend, key in problems:
+        if max_seconds is not None and time.perf_counter() - started >= max_seconds:
             break
         _ops.tune_key(list(key), backend, device)
         tuned += 1

@@ -12,7 +12,6 @@ import torch
 from . import _environment
 
 _NAME = "libcudnn_cache_ops.so"
-_TOOL = "cudnn_cache_tool"
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 _REPOSITORY = _PACKAGE.parents[1]
 
@@ -53,17 +52,6 @@ def load_library() -> None:
         if os.environ.get(_environment.LIBRARY):
             _environment.refuse(_environment.LIBRARY, path, problem)
         raise ImportError(f"cudnn_cache: {path} {problem}") from error
-
-
-def tool_path() -> Optional[str]:
-    """The cudnn_cache_tool that searches start builder processes from (tuning option build_processes): the copy
-    installed with the package (<package>/bin), else the one beside the development build's library
-    (<build folder>/cudnn_cache_tool); None when neither exists: $CUDNN_CACHE_TOOL, then in-process builds."""
-    library = pathlib.Path(library_path()).resolve()
-    for candidate in (_PACKAGE / "bin" / _TOOL, library.parents[1] / _TOOL):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
 
 
 def eager_calls() -> Optional[ModuleType]:

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import math
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -93,30 +93,6 @@ def split(problems: Iterable[Problem], ranks: Sequence[int]) -> Dict[int, List[P
         lap, position = divmod(index, len(ranks))
         plan[ranks[position if lap % 2 == 0 else len(ranks) - 1 - position]].append(problem)
     return plan
-
-
-# How many keys after the one being tuned have their builds queued (prefetched_in_turn).
-PREFETCH_AHEAD = 8
-
-
-def prefetched_in_turn(problems: Iterable[Problem], device: Optional[int] = None) -> Iterator[Problem]:
-    """The problems in order, each yielded once the runtime-compiled candidates of it and of the PREFETCH_AHEAD
-    after it are queued for builder processes (Note [Prefetched builds]): tuning them one after another, each
-    search restores what was compiled while the searches before it ran, where it would have compiled its own
-    candidates one key at a time. A caller that stops early leaves at most PREFETCH_AHEAD keys' builds to finish
-    in the background. Queuing fails silently (it only makes tuning faster); nothing is queued for the legacy
-    backend, for cached keys, or without builder processes."""
-    problems = list(problems)
-    queued = 0
-    for index, problem in enumerate(problems):
-        while queued < min(len(problems), index + 1 + PREFETCH_AHEAD):
-            backend, key = problems[queued]
-            queued += 1
-            try:
-                _ops.prefetch_key(list(key), backend, device)
-            except RuntimeError:  # an invalid key: its tuning says why
-                pass
-        yield problem
 
 
 def _key_id(origin: Origin, backend: str, key: Tuple[int, ...]) -> int:
@@ -212,7 +188,6 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
     if problems is None:
         problems = [(backend, key) for where, backend, key in recorded_misses() if where == origin]
     needs = sorted({_checked_problem(problem) for problem in problems})
-    searched = tune is None  # by cudnn_cache's search, whose compilations prefetching overlaps
     if tune is None:
         def tune(backend: str, key: Tuple[int, ...]) -> None:
             _ops.tune_key(list(key), backend, device)
@@ -236,7 +211,7 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
 
     # 2. Tune this rank's share.
     failed = []
-    for backend, key in prefetched_in_turn(assignment, device) if searched else assignment:
+    for backend, key in assignment:
         try:
             tune(backend, key)
         except Exception as error:  # noqa: BLE001 -- reported; raising would leave the other ranks waiting

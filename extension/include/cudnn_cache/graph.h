@@ -27,9 +27,9 @@
 //      engines only when asked. The lists overlap, so each plan name is timed once. The first
 //      `max_candidates` that build are timed: building a plan costs milliseconds (50-200 ms for an engine
 //      cuDNN compiles at run time), so building all of them made tuning slower than PyTorch's benchmark mode,
-//      which stops at cudnn.benchmark_limit (10) as well. They are built ahead on `build_threads` threads,
-//      the runtime-compiled ones in `build_processes` builder processes, while the calling thread times those
-//      built (Note [Parallel candidate builds], graph_search.cpp); and,
+//      which stops at cudnn.benchmark_limit (10) as well. The runtime-compiled ones are built ahead on
+//      `build_threads` threads while the calling thread times those built (Note [Parallel candidate builds],
+//      graph_search.cpp); and,
 //      unless those included it, the first deterministic config of the lists that builds, native's pick when
 //      deterministic (Note [Deterministic calls] in runtime.h). Each config keeps its engine's numerical notes;
 //   2. heuristics mode B's first `mode_b_candidates` picks: a second opinion, at more CPU time per query;
@@ -64,7 +64,6 @@
 // ResNet-50's 7x7 fp32 stem (`python3 -m benchmarks compare-kernels`). GraphPlan::execute refuses buffers that are less
 // aligned, so the caller copies them (torch_ops) or falls back to the legacy path.
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -141,19 +140,13 @@ class GraphPlan {
   friend std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t, const ConvolutionKey&,
                                                          const ConvolutionBuffers&, const WorkspaceAllocator&,
                                                          const GraphSearchOptions&, std::shared_ptr<const GraphPlan>*);
-  GraphPlan(Direction direction, std::shared_ptr<graph_internal::Graph> graph, std::uint64_t workspace_bytes,
-            std::vector<std::uint8_t> serialized)
-      : direction_(direction), graph_(std::move(graph)), workspace_bytes_(workspace_bytes),
-        serialized_(std::move(serialized)) {}
+  GraphPlan(Direction direction, std::shared_ptr<graph_internal::Graph> graph, std::uint64_t workspace_bytes)
+      : direction_(direction), graph_(std::move(graph)), workspace_bytes_(workspace_bytes) {}
 
   Direction direction_;
   std::shared_ptr<graph_internal::Graph> graph_;
   std::uint64_t workspace_bytes_ = 0;
   std::uint64_t heuristics_us_ = 0;
-  // A search's plan that a builder process built: the bytes it was restored from, which serialize() returns
-  // rather than serializing a restored graph again (Note [Builder processes] in plan_builders.h). Empty for
-  // every other plan.
-  std::vector<std::uint8_t> serialized_;
 };
 
 // What audit_engine_choice measured: a stored config against the configs PyTorch's two modes would run.
@@ -196,11 +189,5 @@ SettledChoice settle_engine_choice(cudnnHandle_t handle, const ConvolutionKey& k
 
 // Checks, without a GPU, that cudnn-frontend accepts the key as a graph. Returns "" or what it rejected.
 std::string check_graph(const ConvolutionKey& key);
-
-// What `cudnn_cache_tool build-plans` runs: a builder process for the GPU of PCI bus id `pci_bus_id`, serving a
-// search's worker thread on the socket `fd` until it closes or `idle` passes without a request (Note [Builder
-// processes] in extension/src/plan_builders.h). Returns the process's exit status. Throws Error if that GPU or
-// cuDNN cannot be used.
-int run_plan_builder(int fd, const std::string& pci_bus_id, std::chrono::milliseconds idle);
 
 }  // namespace cudnn_cache

@@ -114,35 +114,6 @@ MissPolicy miss_policy_from_string(const std::string& name);
 // The cuDNN API convolutions run through; see Note [Running a cached convolution].
 enum class Backend { graph, legacy };
 
-// Note [Backward expected]
-// ~~~~~~~~~~~~~~~~~~~~~~~~
-// A forward convolution's caller may know that a backward pass will follow, and which gradients it computes
-// (torch: autograd records the call, since grad mode is on, and computes the gradient of the input and of the
-// weight each where it requires grad); the core cannot. The caller says so with an ExpectBackward guard around
-// the call. When such a call's key misses under the tune policy on the graph backend, the runtime queues builds
-// of the runtime-compiled candidates of the keys those gradients run, in builder processes, before it searches
-// the key (GraphSearchOptions::prefetch_backward; Note [Prefetched builds] in plan_prefetch.h), so that they
-// compile while the forward search runs, and those keys' searches in the backward pass restore them. The keys
-// are the same key in another direction: the weight's gradient is backward filter; the input's is the direction
-// that is neither the key's nor backward filter, which covers a transposed convolution too (its forward runs
-// backward data, its input's gradient runs forward). A thread-local mask, so that a hit costs nothing more than
-// setting it.
-class ExpectBackward {
- public:
-  // With both false the guard changes nothing (it keeps what an outer guard said).
-  ExpectBackward(bool input_gradient, bool weight_gradient);
-  ~ExpectBackward();
-  ExpectBackward(const ExpectBackward&) = delete;
-  ExpectBackward& operator=(const ExpectBackward&) = delete;
-
-  // The directions whose keys a guard on this thread says the backward pass of a call of `key` will run: none,
-  // one or two of the two directions other than the key's.
-  static std::vector<Direction> directions(const ConvolutionKey& key);
-
- private:
-  unsigned previous_;
-};
-
 // "graph" or "legacy".
 const char* to_string(Backend backend);
 // The backend of that name; throws Error naming the valid names otherwise.
@@ -186,10 +157,6 @@ struct Stats {
   std::uint64_t tune_waits = 0;  // misses that waited for another thread's search of their key instead of
                                  // searching it again (Note [One search per key])
   std::uint64_t lent = 0;        // keys the nearest miss policy lent another key's choice (Note [Nearest key])
-  std::uint64_t builder_plans = 0;  // plans that builder processes built for searches, and the searches timed
-                                    // (Note [Builder processes]); the other candidates were built in-process
-  std::uint64_t prefetched_plans = 0;  // of those, plans built ahead of their key's search that the search
-                                       // restored and timed (Note [Prefetched builds])
   std::uint64_t plans = 0;       // entries in the plan cache now (plans and refusals; bounded by its limit; not
                                  // a counter, so reset_stats leaves it)
 };
@@ -209,10 +176,6 @@ using LegacyTraits = std::tuple_element_t<static_cast<std::size_t>(D),
 // prepare()'s threads by default for `entries` entries: one per 16 entries, up to usable_cores() and at most 8
 // (Note [Prepare's threads] in runtime.cpp).
 int default_prepare_threads(std::size_t entries);
-
-// What an error about finding nothing to run adds under a workspace limit of `limit` bytes (the limit and the
-// fix); "" for no limit (the largest value).
-std::string within_workspace_limit(std::uint64_t limit);
 
 class PlanCache;
 class InFlight;
@@ -263,17 +226,6 @@ class Runtime {
   void set_search_options(const GraphSearchOptions& options);
   GraphSearchOptions search_options() const;
 
-  // The cudnn_cache_tool executable that searches start builder processes from (GraphSearchOptions::
-  // build_processes); the Python package sets its own. Until then, the CUDNN_CACHE_TOOL environment variable's;
-  // "" or neither: plans are built in-process. Throws Error if `path` is not an executable file.
-  void set_plan_builder(const std::string& path);
-  // Where device `device` runs builder processes and its free memory is below the builders' floor (10% of the
-  // device, at least 2 GiB), closes them and turns them off until set_plan_builder; returns whether it did. For a
-  // caller about to allocate GPU memory: the torch ops call it from PyTorch's caching allocator (Note [Builders
-  // yield GPU memory] in plan_builders.h). Without builders it costs a lock. Static: the builders outlive the
-  // runtime, and an allocation may come at exit.
-  static bool yield_builder_memory(int device);
-
   // At most how many execution plans the plan cache keeps (0: no bound), evicting the least recently used
   // (Note [Plan cache]); 10000 by default, or the CUDNN_CACHE_PLAN_CACHE_LIMIT environment variable's value
   // when the runtime starts. A lower limit evicts down to 90% of it at once.
@@ -312,15 +264,6 @@ class Runtime {
   // Remembers a miss of the backend's cache for the key (the record miss policy) as a pending key of the
   // origin's caches (Note [Pending keys] in cache_store.h); a repeat is kept once.
   void record_miss(const Origin& origin, Backend backend, const ConvolutionKey& key);
-  // Queues prefetched builds for the key's other two directions, where a backward pass is expected and they are
-  // not cached (Note [Backward expected]).
-  void prefetch_backward(cudnnHandle_t handle, int device, const ConvolutionKey& key);
-  // Queues builds of the graph key's runtime-compiled candidates in builder processes (Note [Prefetched builds]),
-  // which its search restores when it comes; returns whether any was queued (none where the key is cached,
-  // builder processes are 0, or it has no such candidate). What prefetch_backward does per key, and what a caller
-  // about to tune many keys one after another does for all of them first (tune_pending(), distributed.sync()),
-  // so that their compilations overlap the searches before them.
-  bool prefetch(cudnnHandle_t handle, int device, const ConvolutionKey& key);
   // The pending keys that are still not cached (recorded here, or loaded from a file), in order of origin,
   // backend and key.
   std::vector<RecordedMiss> recorded_misses() const;
@@ -414,8 +357,6 @@ class Runtime {
   SpreadCounter hits_;  // every hit adds to it
   std::atomic<std::uint64_t> misses_{0}, tunes_{0}, fallbacks_{0}, tune_us_{0}, capture_misses_{0},
       tune_waits_{0}, lent_{0};
-  std::atomic<std::uint64_t> builder_plans_at_reset_{0};  // PlanBuilders' count when reset_stats last ran
-  std::atomic<std::uint64_t> prefetched_plans_at_reset_{0};  // PlanPrefetcher's, likewise
   std::atomic<bool> warned_{false};
   mutable std::mutex mutex_;  // guards the handlers, search_options_ and the filling of device_caches_
   std::function<void(const std::string&)> warning_handler_;

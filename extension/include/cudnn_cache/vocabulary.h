@@ -64,12 +64,13 @@ inline std::optional<Workspace> workspace_for(const WorkspaceAllocator& allocate
   return std::optional<Workspace>(std::move(workspace));
 }
 
+// What an error about finding nothing to run adds under a workspace limit of `limit` bytes (the limit and the
+// fix); "" for no limit (the largest value).
+std::string within_workspace_limit(std::uint64_t limit);
+
 // The cores this process may run on (its CPU affinity, which taskset and container CPU sets narrow), at least
 // 1: what "0 threads" means for a search's plan builds and for prepare().
 int usable_cores();
-
-// GraphSearchOptions::build_processes by default: usable_cores() - 1, at most 8.
-int default_build_processes();
 
 // How the graph API's search times candidates; see Note [Engine configs].
 struct GraphSearchOptions {
@@ -88,19 +89,8 @@ struct GraphSearchOptions {
   // deterministic pick too, but leave deterministic configs in their first-pass order: the rounds cost time.
   bool rank_deterministic = false;
   // Threads that build the heuristic candidates' plans while the calling thread times them (Note [Parallel
-  // candidate builds] in graph_search.cpp) when build_processes is 0; 0: the cores this process may run on. 1
-  // builds on the caller only.
+  // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
   int build_threads = 0;
-  // Builder processes that build the runtime-compiled ones among those instead, one per worker thread, where
-  // cuDNN's compilations overlap as they do not across threads (Note [Builder processes] in plan_builders.h;
-  // each holds a CUDA context while it runs). There are then this many workers, whatever build_threads says,
-  // and one whose process cannot start, or fails, builds in-process. Needs the tool (Runtime::set_plan_builder).
-  // 0: no builder processes.
-  int build_processes = default_build_processes();
-  // When a forward key misses and a backward pass is expected (Note [Backward expected]), build the backward
-  // keys' runtime-compiled candidates in builder processes meanwhile, for their searches in the backward pass
-  // (Note [Prefetched builds] in plan_prefetch.h). Needs build_processes > 0.
-  bool prefetch_backward = true;
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
   // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
   // the bounds above on candidates are then ignored.

@@ -3,7 +3,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cudnn/Handle.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include "../problem.h"
 
@@ -31,18 +30,6 @@ int cuda_device(const char* op, const std::optional<std::int64_t>& device, const
 }
 
 namespace {
-
-// Note [Builders yield GPU memory] (plan_builders.h): the caching allocator runs every registered callback where
-// it has no cached block for a request, before it asks CUDA for more memory; this one closes the current device's
-// builder processes when its free memory is below their floor. Not during a CUDA graph capture, which builders
-// (idle 5 s after a search) have no part in.
-class YieldBuilderMemory final : public c10::FreeMemoryCallback {
- public:
-  bool Execute() override {
-    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return false;
-    return Runtime::yield_builder_memory(c10::cuda::current_device());
-  }
-};
 
 at::ScalarType scalar_type_of(const char* op, std::int32_t data_type) {
   switch (static_cast<cudnnDataType_t>(data_type)) {
@@ -77,7 +64,3 @@ KeyOperands operands_for(const char* op, const ConvolutionKey& key, int device) 
 cudnnHandle_t current_handle() { return at::native::getCudnnHandle(); }
 
 }  // namespace cudnn_cache::torch_ops
-
-namespace c10 {  // where the registry's macro must be used
-REGISTER_FREE_MEMORY_CALLBACK("cudnn_cache_plan_builders", cudnn_cache::torch_ops::YieldBuilderMemory);
-}  // namespace c10

@@ -223,23 +223,10 @@ std::int64_t tune_key(at::IntArrayRef words, const std::string& backend_name,
   return 1;
 }
 
-// Queues builds of the key's runtime-compiled candidates in builder processes, for its search to restore
-// (Runtime::prefetch): what tune_pending() and distributed.sync() do for every key before they tune them one after
-// another. Returns whether any build was queued; never for the legacy backend, which builds no plans.
-bool prefetch_key(at::IntArrayRef words, const std::string& backend_name, const std::optional<std::int64_t>& device) {
-  const int device_index = cuda_device("prefetch_key", device, "builds are of plans for a GPU");
-  const ConvolutionKey key = key_from_list(words);
-  const Backend backend = rethrow([&] { return backend_from_string(backend_name); });
-  if (backend != Backend::graph) return false;
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
-  return rethrow([&] { return Runtime::instance().prefetch(current_handle(), device_index, key); });
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CompositeImplicitAutograd, m) {
   m.impl("tune_key", &tune_key);
-  m.impl("prefetch_key", &prefetch_key);
 }
 
 TORCH_LIBRARY_IMPL(cudnn_cache, CUDA, m) {
