@@ -14,6 +14,7 @@ entries accumulate across runs (and across models).
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --exhaustive \\
         --output resnet50.cache
     python3 scripts/warm_start.py --pending shapes.cache
+    python3 scripts/warm_start.py --pending shapes.cache --jobs 4
     python3 scripts/warm_start.py --model resnet50 --shape 3,224,224 --batch-size 32 --deterministic \\
         --output resnet50.cache
 
@@ -38,7 +39,9 @@ searches take longer. Keys the file already holds are not searched again; with -
 
 --pending FILE tunes FILE's pending keys instead of a model's convolutions: the shapes a training run met and did
 not tune (the 'record' miss policy, Note [Pending keys]), for this GPU's identity, saved into FILE (merged). It is
-`cudnn_cache tune FILE`, and under torchrun the ranks split the keys as they do a model's.
+`cudnn_cache tune FILE`, and under torchrun the ranks split the keys as they do a model's. --jobs N tunes them in N
+worker processes instead, spread over this GPU model's GPUs, each merging its entries into FILE (Note [Tuning in
+worker processes] in torch_ops/cudnn_cache/_tune_jobs.py; the same code as `cudnn_cache tune FILE --jobs N`).
 
 --remote URL shares the tuning through a Redis store (cudnn_cache.set_remote, Note [Remote store]): this GPU's
 entries there are merged after the file is loaded (or instead of it, where there is none yet), and the saved file's
@@ -77,6 +80,7 @@ def parse_shape(text: str):
 
 
 def parse_args(argv):
+    from cudnn_cache._tune_jobs import jobs_argument
     from cudnn_cache.remote import url_argument
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,6 +111,9 @@ def parse_args(argv):
                              "rediss://; its entries of this GPU are merged in, the file's entries pushed to it")
     parser.add_argument("--device", default="cuda",
                         help="CUDA device, default: the current one (under torchrun: cuda:LOCAL_RANK)")
+    parser.add_argument("--jobs", type=jobs_argument, default=1, metavar="N",
+                        help="with --pending: tune in N worker processes, each 1/N of the keys, spread over this GPU "
+                             "model's GPUs unless --device names one (default 1: in this process)")
     args = parser.parse_args(argv)
     if args.settle is None:  # an exhaustive search is offline: a second or two more decides its keys where they run
         args.settle = args.exhaustive
@@ -117,7 +124,12 @@ def parse_args(argv):
         if args.output not in (None, args.pending):
             parser.error("--pending FILE writes FILE itself; leave out --output")
         args.output = args.pending
+        if args.jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            parser.error("--jobs N starts worker processes of its own; under torchrun the ranks split the keys "
+                         "already: leave out --jobs, or run one process")
         return args
+    if args.jobs != 1:
+        parser.error("--jobs N tunes a file's pending keys: give --pending FILE, or leave out --jobs")
     for option, value in (("--shape", args.shape), ("--batch-size", args.batch_size), ("--output", args.output)):
         if not value:
             parser.error(f"{option} is required with --model or --torchscript")
@@ -211,16 +223,20 @@ def tune_pending_keys(args, cudnn_cache, rank_device) -> int:
     if not os.path.exists(args.pending):
         print(f"warm_start: --pending {args.pending}: no such file", file=sys.stderr)
         return 1
-    cudnn_cache.load(args.pending)
-    if args.deterministic:
-        cudnn_cache.set_tuning_options(rank_deterministic=True)
+    options = {"rank_deterministic": True} if args.deterministic else {}
+    if options:
+        cudnn_cache.set_tuning_options(**options)
     if not distributed:
-        tuned = cudnn_cache.tune_pending(device=device.index)
+        from cudnn_cache._tune_jobs import tune_file
+
+        # --device cuda:D names one GPU; without an index --jobs' workers spread over every GPU of this one's model.
+        tuned = tune_file(args.pending, jobs=args.jobs, device=device.index, options=options)["tuned"]
         settled = settle(args, cudnn_cache, device)
         cudnn_cache.save(args.pending)
         print(f"warm_start: tuned {tuned} pending keys of {args.pending} in {time.perf_counter() - started:.1f} s"
               f"{settled}; {len(cudnn_cache.distributed.recorded_misses())} still pending (other GPUs' or cuDNNs')")
         return 0
+    cudnn_cache.load(args.pending)
     return sync_and_save(args, cudnn_cache, device, started)
 
 

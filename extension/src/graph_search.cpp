@@ -49,8 +49,10 @@ using namespace graph_internal;
 // candidates are timed the workers stop after the build they are in, while steps 2-4 time.
 //
 // cuDNN's runtime compilations serialize inside one process (12 depthwise keys on an H200: 0.84x the serial
-// time on worker threads, 0.36x in 4 processes): worker threads overlap them with the timing more than with each
-// other.
+// time on worker threads, 0.36x in 4 processes). Processes are the parallelism offered at the top, where the keys
+// are known ahead and no training step runs beside the searches: `python -m cudnn_cache tune FILE --jobs N`
+// tunes a file's pending keys in N worker processes (Note [Tuning in worker processes] in
+// torch_ops/cudnn_cache/_tune_jobs.py).
 //
 // Precompiled engines stay on the calling thread because a worker's build costs more than its own: a worker
 // builds each candidate in a graph of its own, made for it as the calling thread's was (heuristic_graph: the

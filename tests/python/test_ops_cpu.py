@@ -667,7 +667,7 @@ def test_the_removed_tuning_options_are_refused_with_what_to_do(cache_state, opt
         cudnn_cache.set_tuning_options(**{option: value}, warmup=1)
     message = str(refused.value)
     assert message.startswith(f"set_tuning_options: {option} was removed: ") and \
-        "python -m cudnn_cache tune FILE" in message, message
+        "python -m cudnn_cache tune FILE --jobs N" in message, message
     assert cudnn_cache.tuning_options() == before and option not in before  # nothing was set
     with pytest.raises(TypeError, match="build_processes, prefetch_backward were removed: "):
         cudnn_cache.set_tuning_options(prefetch_backward=False, build_processes=0)

@@ -49,20 +49,53 @@ class RecordingCache:
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_deterministic_ranks_deterministic_configs_in_the_searches_it_runs(tmp_path, deterministic):
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_pending_tunes_through_the_command_lines_code_with_its_jobs_and_options(tmp_path, monkeypatch, deterministic,
+                                                                                jobs):
+    """--pending runs what `cudnn_cache tune FILE --jobs N` runs (_tune_jobs.tune_file), with --deterministic's
+    tuning option set here and handed to the workers, then saves."""
+    from cudnn_cache import _tune_jobs
+
     path = tmp_path / "shapes.cache"
     path.write_bytes(b"")
-    args = warm_start.parse_args(["--pending", str(path), *(["--deterministic"] if deterministic else [])])
-    assert args.deterministic is deterministic
+    args = warm_start.parse_args(["--pending", str(path), "--jobs", str(jobs),
+                                  *(["--deterministic"] if deterministic else [])])
+    assert args.deterministic is deterministic and args.jobs == jobs
     cache = RecordingCache()
     cache.distributed = RecordingCache()  # recorded_misses() in the report
     cache.distributed.recorded_misses = lambda: []
+
+    def tune_file(path, **arguments):
+        cache.calls.append(("tune_file", (path,), arguments))
+        return {"tuned": 0, "workers": []}
+
+    monkeypatch.setattr(_tune_jobs, "tune_file", tune_file)
     assert warm_start.tune_pending_keys(args, cache, None) == 0
     names = [name for name, _, _ in cache.calls]
-    assert names[0] == "load" and names[-2:] == ["tune_pending", "save"]
-    expected = [("set_tuning_options", (), {"rank_deterministic": True})] if deterministic else []
+    assert names[-2:] == ["tune_file", "save"]
+    options = {"rank_deterministic": True} if deterministic else {}
+    assert cache.calls[-2] == ("tune_file", (str(path),), {"jobs": jobs, "device": None, "options": options})
+    expected = [("set_tuning_options", (), options)] if deterministic else []
     assert [call for call in cache.calls if call[0] == "set_tuning_options"] == expected
-    assert names.index("tune_pending") > (names.index("set_tuning_options") if deterministic else 0)
+
+
+def test_jobs_is_for_pending_alone_and_takes_a_count(capsys, monkeypatch):
+    assert warm_start.parse_args(["--pending", "shapes.cache"]).jobs == 1
+    assert warm_start.parse_args(["--pending", "shapes.cache", "--jobs", "8"]).jobs == 8
+    for argv, message in (
+            (["--model", "resnet18", "--shape", "3,32,32", "--batch-size", "2", "--output", "x.cache", "--jobs", "2"],
+             "--jobs N tunes a file's pending keys: give --pending FILE, or leave out --jobs"),
+            (["--pending", "shapes.cache", "--jobs", "0"],
+             "argument --jobs: '0' is not a number of worker processes: give a number of worker processes from 1 "
+             "to 64 (1, the default, tunes in this process)")):
+        with pytest.raises(SystemExit) as exit:
+            warm_start.parse_args(argv)
+        assert exit.value.code == 2 and message in capsys.readouterr().err, argv
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun the ranks split the keys already
+    with pytest.raises(SystemExit) as exit:
+        warm_start.parse_args(["--pending", "shapes.cache", "--jobs", "2"])
+    assert exit.value.code == 2 and "under torchrun the ranks split the keys already" in capsys.readouterr().err
+    assert warm_start.parse_args(["--pending", "shapes.cache"]).jobs == 1
 
 
 def test_pending_takes_the_file_alone_and_writes_into_it():
@@ -127,11 +160,13 @@ def test_exhaustive_times_more_engine_configs_per_key_than_the_default(cache_sta
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_path, torch_flags, deterministic):
+@pytest.mark.parametrize("deterministic, jobs", [(False, 1), (True, 1), (True, 2)])
+def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_path, torch_flags, deterministic,
+                                                    jobs):
     """Note [Pending keys]: a run under the record policy saves what it met; warm_start --pending tunes it into
-    the file, and a process that loads it misses nothing; with --deterministic, deterministic calls run it on the
-    graph path, a deterministic config of each ranking."""
+    the file (with --jobs 2, in two worker processes: Note [Tuning in worker processes]), and a process that loads
+    it misses nothing; with --deterministic, deterministic calls run it on the graph path, a deterministic config
+    of each ranking."""
     cudnn_cache = cache_state
     cudnn_cache.set_miss_policy("record")
     x = torch.randn(2, 8, 12, 12, device="cuda", requires_grad=True)
@@ -140,7 +175,7 @@ def test_pending_tunes_the_keys_a_record_run_saved(cache_state, child_env, tmp_p
     path = tmp_path / "shapes.cache"
     cudnn_cache.save(str(path))
     cudnn_cache.clear()
-    process = subprocess.run([sys.executable, str(SCRIPT), "--pending", str(path),
+    process = subprocess.run([sys.executable, str(SCRIPT), "--pending", str(path), "--jobs", str(jobs),
                               *(["--deterministic"] if deterministic else [])],
                              env=child_env, capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr[-3000:]

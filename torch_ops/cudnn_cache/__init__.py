@@ -283,6 +283,9 @@ def set_tuning_options(**options) -> None:
       in the finalists' rounds, as a deterministic call's own search does, so that what deterministic calls
       run (the ranking's first deterministic config) is settled too; for tuning ahead of deterministic
       training (scripts/warm_start.py --deterministic). Those rounds make each search longer.
+
+    Tuning many keys in parallel is done offline, in processes of its own: `python -m cudnn_cache tune FILE
+    --jobs N` tunes a file's pending keys in N worker processes.
     """
     removed = sorted(set(options) & set(_REMOVED_TUNING_OPTIONS))
     if removed:
@@ -298,11 +301,11 @@ def set_tuning_options(**options) -> None:
 
 # Options set_tuning_options once took, and what to do instead.
 _REMOVED_TUNING_OPTIONS = {
-    "build_processes": "searches build plans in this process only (build_threads); to tune many keys ahead, "
-                       "record them (set_miss_policy('record'), save) and tune the file with "
-                       "`python -m cudnn_cache tune FILE`",
+    "build_processes": "searches build plans in this process only (build_threads); to overlap cuDNN's "
+                       "compilations across processes, record the keys (set_miss_policy('record'), save) and tune "
+                       "the file with `python -m cudnn_cache tune FILE --jobs N`",
     "prefetch_backward": "backward keys are built by their own searches; to tune a model's keys ahead, record them "
-                         "and run `python -m cudnn_cache tune FILE`, or scripts/warm_start.py",
+                         "and run `python -m cudnn_cache tune FILE --jobs N`, or scripts/warm_start.py",
 }
 
 
@@ -413,7 +416,8 @@ def tune_pending(max_seconds: Optional[float] = None, device: Optional[int] = No
     'record' miss policy (or under 'tune' during a CUDA-graph capture), or a pending key of a loaded file, of
     this GPU and cuDNN (distributed.recorded_misses() lists them all). Call it off the training path, between
     epochs for instance, then save(): the next process runs those shapes tuned. With max_seconds it stops
-    starting keys once that much time has passed (the key under way finishes); the rest stay pending."""
+    starting keys once that much time has passed (the key under way finishes); the rest stay pending. To tune a
+    file's pending keys in several processes, run `python -m cudnn_cache tune FILE --jobs N`."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"cudnn_cache.tune_pending: max_seconds must be a number of seconds >= 0 or None, not "
                          f"{max_seconds!r}")
@@ -426,7 +430,8 @@ def tune_pending(max_seconds: Optional[float] = None, device: Optional[int] = No
 
 def _tune_in_turn(problems, device: Optional[int], max_seconds: Optional[float]) -> int:
     """Tunes the (backend, key) problems on CUDA device `device` one after another, starting none after
-    `max_seconds` (None: no bound); returns how many it tuned. What tune_pending() runs."""
+    `max_seconds` (None: no bound); returns how many it tuned. What tune_pending() and each worker of
+    `python -m cudnn_cache tune --jobs` run."""
     started = time.perf_counter()
     tuned = 0
     for backend, key in problems:

@@ -8,8 +8,9 @@
     cudnn_cache export FILE --json [-o OUT]   the file as JSON (stdout without -o)
     cudnn_cache import [--json] JSON -o FILE  a cache file from a JSON export
     cudnn_cache synth FILE --entries N [--seed S]   a file of N synthetic entries (tests, benchmarks)
-    cudnn_cache tune FILE [--max-seconds S] [--device D]
-                                          tune FILE's pending keys of this GPU and save them into it
+    cudnn_cache tune FILE [--max-seconds S] [--device D] [--jobs N]
+                                          tune FILE's pending keys of this GPU and save them into it; with
+                                          --jobs, in N worker processes spread over this GPU model's GPUs
     cudnn_cache run [--cache PATH] [--remote URL] [--no-intercept] train.py|-m MODULE [ARGS...]
                                           a script with the cache (python -m cudnn_cache.run)
     cudnn_cache remote stats URL          what a Redis store holds, per origin (cudnn_cache.remote)
@@ -35,6 +36,7 @@ import sys
 from typing import List, Optional
 
 from . import _cli
+from ._tune_jobs import jobs_argument
 from .remote import url_argument
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE, EXIT_NO_GPU, EXIT_REMOTE = 0, 1, 2, 3, 4, 5
@@ -120,12 +122,23 @@ def _tune(args) -> int:
         print(f"{program()} tune: no CUDA GPU here to time {args.file}'s pending keys on; run it on a GPU of the "
               f"kind that met them ({summary})", file=sys.stderr)
         return EXIT_NO_GPU
+    from ._tune_jobs import tune_file
+
     cudnn_cache.clear()
-    cudnn_cache.load(args.file)
-    tuned = cudnn_cache.tune_pending(max_seconds=args.max_seconds, device=args.device)
+    report = tune_file(args.file, jobs=args.jobs, device=args.device, max_seconds=args.max_seconds)
     cudnn_cache.save(args.file)  # merged with the file: what another process saved meanwhile stays
-    print(f"{args.file}: tuned {tuned} pending keys of this GPU; wrote {ops.file_summary(args.file)}")
+    print(f"{args.file}: tuned {report['tuned']} pending keys of this GPU{_workers_text(report['workers'])}; "
+          f"wrote {ops.file_summary(args.file)}")
     return EXIT_OK
+
+
+def _workers_text(workers) -> str:
+    """How tune's workers shared the keys, for its summary line; "" where it tuned in this process."""
+    if not workers:
+        return ""
+    each = ", ".join(f"cuda:{worker['device']} {worker['tuned']} of {worker['keys']} keys ({worker['tunes']} "
+                     "searches)" for worker in workers)
+    return f" in {len(workers)} worker processes ({each})"
 
 
 def _remote_command(args) -> int:
@@ -271,7 +284,11 @@ def parser(prog: str = "python -m cudnn_cache") -> argparse.ArgumentParser:
     command.add_argument("--max-seconds", type=_seconds, default=None, metavar="S",
                          help="start no key after S seconds; the rest stay pending (default: tune them all)")
     command.add_argument("--device", type=_count(1023), default=None, metavar="D",
-                         help="the CUDA device to tune on (default: the current one)")
+                         help="the CUDA device to tune on (default: the current one; with --jobs, every GPU of its "
+                              "model)")
+    command.add_argument("--jobs", type=jobs_argument, default=1, metavar="N",
+                         help="tune in N worker processes, each 1/N of the keys, merging into FILE under its lock "
+                              "(default 1: in this process)")
     command.set_defaults(run=_tune)
 
     command = commands.add_parser("remote", help="a shared store on Redis: stats, push, pull, prune")
