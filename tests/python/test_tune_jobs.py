@@ -161,6 +161,15 @@ def test_a_failed_worker_is_named_after_the_others_merged(no_gpu_workers, monkey
     assert no_gpu_workers["loads"] == [path, path]  # loaded again: the cache holds what was merged
 
 
+def test_a_worker_process_reports_what_failed_in_it(tmp_path):
+    """_run_workers starts real spawned processes: one asked for a GPU this machine does not have reports why,
+    and nothing is written."""
+    path = tmp_path / "shapes.cache"
+    [result] = _tune_jobs._run_workers(str(path), [keys(2)], [99], None, {})
+    assert set(result) == {"error"} and result["error"], result
+    assert not path.exists()
+
+
 # --- On a GPU --------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
