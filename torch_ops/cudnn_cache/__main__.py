@@ -36,7 +36,7 @@ import sys
 from typing import List, Optional
 
 from . import _cli
-from ._tune_jobs import jobs_argument
+from ._tune_jobs import jobs_argument, tune_file
 from .remote import url_argument
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_BAD_FILE, EXIT_NO_GPU, EXIT_REMOTE = 0, 1, 2, 3, 4, 5
@@ -122,8 +122,6 @@ def _tune(args) -> int:
         print(f"{program()} tune: no CUDA GPU here to time {args.file}'s pending keys on; run it on a GPU of the "
               f"kind that met them ({summary})", file=sys.stderr)
         return EXIT_NO_GPU
-    from ._tune_jobs import tune_file
-
     cudnn_cache.clear()
     report = tune_file(args.file, jobs=args.jobs, device=args.device, max_seconds=args.max_seconds)
     cudnn_cache.save(args.file)  # merged with the file: what another process saved meanwhile stays
