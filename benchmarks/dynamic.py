@@ -1,45 +1,36 @@
 """Training whose input shapes keep changing (issue 17), each case in a fresh process.
 
-Two workloads, each an epoch of 25 steps over 24 distinct input shapes in a random order and a smaller last
-batch, every step forward and backward (loss = output.float().sum(), no optimizer step):
-
-    detection   torchvision ResNet-18 trunk (no pooling or classifier), bf16 channels_last, batch 8, (H, W) 24
-                distinct pairs of multiples of 32 in 480-800, the last batch 3
-    audio       a wav2vec2-style 1-D feature extractor (seven Conv1d of 512 channels, GroupNorm, GELU), bf16,
-                batch 8, 24 distinct lengths in 1-5 s of 16 kHz audio, the last batch 3
-
-Every mode first takes one untimed step at the middle size (seed_s), the same in every mode; PyTorch's
-convolutions are intercepted by cudnn_cache in the cache modes:
-
+Two workloads, each an epoch of 25 steps, forward and backward, over 24 distinct input shapes in a random order
+and a smaller last batch: detection, torchvision's ResNet-18 trunk, bf16 channels_last, batch 8 at (H, W) pairs of
+multiples of 32 in 480-800; audio, a wav2vec2-style feature extractor (seven Conv1d of 512 channels, GroupNorm,
+GELU), bf16, batch 8 at lengths in 1-5 s of 16 kHz audio; both last batches 3. Every mode first takes one untimed
+step at the middle size (seed_s); the cache modes intercept PyTorch's convolutions:
     native_heuristic        torch.backends.cudnn.benchmark=False
     native_benchmark        benchmark=True: PyTorch times engines on every new shape
-    native_benchmark_again  the same in another process: native's own spread (its one timing per engine may pick
-                            differently), to read beside the next process's figures; not a target
-    cache_nearest           the middle size tuned first (its seed step, under 'tune'), as a file from an earlier run
-                            would hold it, then the 'nearest' miss policy (Note [Nearest key]) for two epochs; then
-                            tune_pending() (timed, as between epochs), a third epoch, and the file is saved
-    cache_next              a fresh process loads that file and prepares its plans (timed), miss policy 'nearest';
-                            after its epochs each shape runs through the cache and in native benchmark mode in turn,
+    native_benchmark_again  the same in another process: native's own spread, beside the next process's figures
+    cache_nearest           the middle size tuned first (as an earlier run's file would hold it), then the 'nearest'
+                            miss policy (Note [Nearest key]) for two epochs; tune_pending() (timed), a third epoch,
+                            and the file is saved
+    cache_next              a fresh process loads that file and prepares its plans (timed), policy 'nearest'; after
+                            its epochs each shape runs through the cache and in native benchmark mode in turn,
                             PAIRED_ROUNDS rounds, each way's steady GPU time (torch.profiler) and wall time
-    cache_tune              an empty cache under the 'tune' miss policy: every new shape is tuned on its first step
+    cache_tune              an empty cache under the 'tune' policy: every new shape is tuned on its first step
+Per mode, each epoch's wall time and its slowest step. Targets: the first epoch under 'nearest' <= 1.05x
+native_heuristic's and <= 0.3x native_benchmark's; in the next process, every shape's GPU time <= native_benchmark's
+side by side (the median of its per-round ratios), no shape slower in every round, and the first epoch no longer
+than native_heuristic's (no tuning stall).
 
-Per mode, each epoch's wall time (synchronized at its end) and its slowest step. Targets: the first epoch under
-'nearest' <= 1.05x native_heuristic's and <= 0.3x native_benchmark's; in the next process, every shape's GPU time
-<= native_benchmark's side by side (the median of its per-round ratios), no shape slower in every round, and the
-first epoch no longer than native_heuristic's (no tuning stall).
-
---memory runs the memory case instead: three bf16 channels_last 3x3 convolutions, batch 2, forward and backward
-over 1,000 distinct (H, W) in 64-188, in native_heuristic and in cache_nearest (one size tuned first, the plan
-cache bounded to 1,000 plans); every 100 shapes, resident memory, the CUDA allocator's and the cache's counters.
-Targets: plans in memory within the bound at every sample, and resident memory over the last 500 shapes growing
-no more than native's.
+--memory: three bf16 channels_last 3x3 convolutions, batch 2, forward and backward over 1,000 distinct (H, W) in
+64-188, in native_heuristic and in cache_nearest (one size tuned first, the plan cache bounded to 1,000 plans);
+every 100 shapes, resident memory and the allocator's and the cache's counters. Targets: plans in memory within
+the bound at every sample; resident memory over the last 500 shapes growing no more than native's.
 
     python3 -m benchmarks dynamic --update       # both workloads, every mode: 10 minutes on an H200
     python3 -m benchmarks dynamic --workloads audio --modes native_heuristic,cache_nearest,cache_next
     python3 -m benchmarks dynamic --memory       # about a minute
 
-Writes bench-results/dynamic.json (--memory: dynamic_memory.json) after every case, and the tables beside it.
-Exit codes: 0 every case ran; 1 some case failed; 2 bad arguments or no GPU.
+Writes bench-results/dynamic.json (--memory: dynamic_memory.json) and its tables after every case. Exit codes: 0
+every case ran; 1 some case failed; 2 bad arguments or no GPU.
 """
 
 import argparse

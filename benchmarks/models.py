@@ -38,7 +38,6 @@ Exit codes: 0 every case ran; 1 some case failed (recorded, the run goes on); 2 
 import argparse
 import dataclasses
 import datetime
-import math
 import platform
 import statistics
 import sys
@@ -58,8 +57,8 @@ from benchmarks.stats import intervals_overlap, median_interval
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A model and its input: `model` is a torchvision name, or 'conv3d_stack' or 'seed' (build_model)."""
-    label: str
+    """A model and its input (its label is performance_doc.LABELS'): `model` is a torchvision name, or
+    'conv3d_stack' or 'seed' (build_model)."""
     model: str
     batch: int
     shape: tuple  # input shape without the batch
@@ -69,20 +68,15 @@ class Workload:
 
 
 WORKLOADS: Dict[str, Workload] = {
-    "resnet50_fp32": Workload("ResNet-50 fp32 bs32", "resnet50", 32, (3, 224, 224), "float32"),
-    "resnet50_bf16_cl": Workload("ResNet-50 bf16 channels_last bs64", "resnet50", 64, (3, 224, 224), "bfloat16",
-                                 channels_last=True),
-    "resnet18_fp16_cl": Workload("ResNet-18 fp16 channels_last bs64", "resnet18", 64, (3, 224, 224), "float16",
-                                 channels_last=True),
-    "mobilenet_v2_bf16_cl": Workload("MobileNetV2 bf16 channels_last bs64", "mobilenet_v2", 64, (3, 224, 224),
-                                     "bfloat16", channels_last=True, depthwise=True),
-    "conv3d_fp32": Workload("3-D conv stack fp32 (6x Conv3d + 1x1 head, 64^3, bs2)", "conv3d_stack", 2,
-                            (1, 64, 64, 64), "float32"),
-    "seed": Workload("two-conv model of the seed (bs7, 32x32)", "seed", 7, (3, 32, 32), "float32"),
+    "resnet50_fp32": Workload("resnet50", 32, (3, 224, 224), "float32"),
+    "resnet50_bf16_cl": Workload("resnet50", 64, (3, 224, 224), "bfloat16", channels_last=True),
+    "resnet18_fp16_cl": Workload("resnet18", 64, (3, 224, 224), "float16", channels_last=True),
+    "mobilenet_v2_bf16_cl": Workload("mobilenet_v2", 64, (3, 224, 224), "bfloat16", channels_last=True, depthwise=True),
+    "conv3d_fp32": Workload("conv3d_stack", 2, (1, 64, 64, 64), "float32"),
+    "seed": Workload("seed", 7, (3, 32, 32), "float32"),
     # Grouped 3x3 convolutions of group width 8 in fp32, where cuDNN's FFMA and TF32 wgrad engines are close
     # and a stored choice was once slower than native's (issue 16).
-    "regnet_y_400mf_fp32": Workload("RegNetY-400MF fp32 bs64 (grouped, group width 8)", "regnet_y_400mf", 64,
-                                    (3, 224, 224), "float32"),
+    "regnet_y_400mf_fp32": Workload("regnet_y_400mf", 64, (3, 224, 224), "float32"),
 }
 OVERHEAD = "overhead"  # the host-overhead micro case, selected with --workloads like a workload
 MODES = ("native_benchmark", "native_heuristic", "cache_cold", "cache_warm", "cache_intercept")  # in run order
@@ -144,9 +138,7 @@ def training_step(model: torch.nn.Module, x: torch.Tensor) -> None:
     model(x).float().sum().backward()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The cases, each in its own process (--case WORKLOAD:MODE)
-# ---------------------------------------------------------------------------------------------------------------
+# --- The cases, each in its own process (--case WORKLOAD:MODE) ----------------------------------------------------
 
 def training_case(workload_name: str, mode: str, args, result: dict) -> None:
     workload, device = WORKLOADS[workload_name], torch.device(args.device)
@@ -221,48 +213,33 @@ def steady_figures(step: Callable[[], None], device: torch.device, args, result:
 
 
 def summarize_audit(rows: List[dict]) -> dict:
-    """cudnn_cache.audit()'s rows, summarised: how many keys are slower than the faster native choice (all
-    measured the same way) by more than AUDIT_NOISE and by more than their own resolution, how many faster, the
-    geometric means against each native mode and the worst key. Each row gains stored_mean_ms, resolution_us and
-    slower_than_native.
-
-    A key's resolution is the gap between its stored config's two timings (stored_ms and stored_again_ms, taken
-    in the same rounds): a kernel of 10 us times within about 1 us of itself, so a smaller gap says nothing about
-    which of two configs is faster; each key is judged by its own. The stored config's time is the mean of the
-    two: each round times the configs in a fresh order, so judging by the first alone called a key slower
-    whenever that one drew the noise and the other matched native's. A row without stored_again_ms has
-    resolution 0."""
+    """cudnn_cache.audit()'s rows, summarised: the keys slower than the faster native choice (all measured the
+    same way) by more than AUDIT_NOISE and by more than their own resolution, the keys faster, and the worst. A
+    key's resolution is the gap between its stored config's two timings in the same rounds (stored_ms and
+    stored_again_ms): a smaller difference says nothing about which config is faster. The stored config's time is
+    their mean: with the configs in a fresh order each round, judging by the first alone called a key slower
+    whenever that one drew the noise. Each row gains stored_mean_ms, resolution_us and slower_than_native."""
     summary = {"keys": len(rows), "rows": rows}
-    if not rows:
-        return summary
+    ratios = []
     for row in rows:
-        again = row.get("stored_again_ms", row["stored_ms"])
-        row["stored_mean_ms"] = (row["stored_ms"] + again) / 2
-        row["resolution_us"] = 1e3 * abs(row["stored_ms"] - again)
+        again = row.get("stored_again_ms", row["stored_ms"])  # absent from older builds: resolution 0
+        row["stored_mean_ms"], row["resolution_us"] = (row["stored_ms"] + again) / 2, 1e3 * abs(row["stored_ms"] - again)
         best = min(row["heuristic_ms"], row["benchmark_ms"])
-        row["slower_than_native"] = (row["stored_mean_ms"] / best > AUDIT_NOISE
-                                     and row["stored_mean_ms"] - best > row["resolution_us"] / 1e3)
-    ratios = [row["stored_mean_ms"] / min(row["heuristic_ms"], row["benchmark_ms"]) for row in rows]
-    worst = max(range(len(rows)), key=ratios.__getitem__)
-
-    def geomean(native: str) -> float:
-        return math.exp(statistics.fmean(math.log(row["stored_mean_ms"] / row[native]) for row in rows))
-
-    resolutions = [row["resolution_us"] for row in rows]
-    summary.update(resolution_us_median=statistics.median(resolutions), resolution_us_max=max(resolutions),
-                   slower_than_native=sum(row["slower_than_native"] for row in rows),
-                   faster_than_native=sum(r < 1 / AUDIT_NOISE for r in ratios),
-                   geomean_vs_heuristic=geomean("heuristic_ms"), geomean_vs_benchmark=geomean("benchmark_ms"),
-                   worst_ratio=ratios[worst], worst_key=f"{rows[worst]['direction']} {rows[worst]['key']}")
+        ratios.append(row["stored_mean_ms"] / best)
+        row["slower_than_native"] = ratios[-1] > AUDIT_NOISE and row["stored_mean_ms"] - best > row["resolution_us"] / 1e3
+    if rows:
+        worst = max(range(len(rows)), key=ratios.__getitem__)
+        summary.update(slower_than_native=sum(row["slower_than_native"] for row in rows),
+                       faster_than_native=sum(r < 1 / AUDIT_NOISE for r in ratios), worst_ratio=ratios[worst],
+                       worst_key=f"{rows[worst]['direction']} {rows[worst]['key']}")
     return summary
 
 
 def audit(run_audit: Callable[[], List[dict]], repeats: int) -> dict:
-    """The first of `repeats` audits run one after another in this process, summarised, and with more than one,
-    the keys each found slower (slower_per_audit) and those every one did (slower_in_every_audit, named in
-    slower_in_every_audit_keys). From one audit to the next the same config's time moves by more than its
-    resolution (on the H100 a 16 us config of RegNetY timed 15.5 to 17.4 us in four audits), and of the keys one
-    audit found slower, the next found one in seven again: a verdict that does not repeat is noise."""
+    """The first of `repeats` audits in this process, summarised, with the keys each found slower (slower_per_audit)
+    and those all did (slower_in_every_audit, named in slower_in_every_audit_keys): from one audit to the next a
+    config's time moves by more than its resolution (on the H100, of the keys one audit found slower, the next
+    found one in seven again), and a verdict that does not repeat is noise."""
     summaries = [summarize_audit(run_audit()) for _ in range(max(repeats, 1))]
     first = summaries[0]
     if len(summaries) > 1:
@@ -338,9 +315,7 @@ def case_main(args) -> int:
     return run_case(lambda result: training_case(workload, mode, args, result), result)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The report: rounds merged, derived figures, targets, tables
-# ---------------------------------------------------------------------------------------------------------------
+# --- The report: rounds merged, derived figures, targets ---------------------------------------------------------
 
 # What a case process measures once: with --rounds, the median over the rounds' processes stands for the case.
 ONCE_PER_PROCESS = ("first_s", "second_s", "import_s", "load_s", "prepare_s", "warm_start_s", "save_s", "tune_s",

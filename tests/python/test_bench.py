@@ -446,7 +446,6 @@ def test_audit_counts_keys_slower_than_native_beyond_noise_and_their_own_resolut
     assert summary["keys"] == 4 and summary["slower_than_native"] == 1 and summary["faster_than_native"] == 1
     assert [row["slower_than_native"] for row in summary["rows"]] == [False, False, True, False]
     assert summary["worst_ratio"] == pytest.approx(1.5) and summary["worst_key"] == "forward slower"
-    assert summary["geomean_vs_heuristic"] == pytest.approx((1.0 * 1.01 * 1.5 * 0.5) ** 0.25)
     assert bench.summarize_audit([]) == {"keys": 0, "rows": []}
     # A noisy key (its stored config timed 0.1 ms apart from itself) 10% slower is within its resolution; a steady
     # key 10% slower by 0.002 ms is beyond its own (0), though within the noisy key's.
@@ -593,6 +592,22 @@ def test_each_step_profiled_on_its_own_on_the_cpu():
     assert len(ran) == 6 and len(per_step) == 3 and all("aten::mm" in keys for keys in per_step)
     assert measure.gpu_time_per_step(step, torch.device("cpu"), 3) is None
     assert measure.graph_time_per_step(step, torch.device("cpu"), 3) == (None, None)
+
+
+def test_gpu_time_per_step_sums_each_profiled_steps_kernels_and_copies(monkeypatch):
+    import types
+
+    import torch
+
+    # What each traced step's profiler holds: its events' device time, in microseconds.
+    steps = [[300.0, 100.0], [500.0, 100.0, 0.0], [400.0, 200.0]]
+
+    def profile_each_step(step, device, count, activities, busy_ms):
+        return [busy_ms(types.SimpleNamespace(key_averages=lambda us=us: [
+            types.SimpleNamespace(self_device_time_total=t) for t in us])) for us in steps[:count]]
+
+    monkeypatch.setattr(measure, "profile_each_step", profile_each_step)
+    assert measure.gpu_time_per_step(lambda: None, torch.device("cuda"), 3) == pytest.approx([0.4, 0.6, 0.6])
 
 
 def test_each_round_takes_its_own_order():
