@@ -184,15 +184,16 @@ def scripted_calls(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: Li
     elif direction == "forward":
         for _ in range(calls):
             out.append(torch.ops.cudnn_cache._convolution_forward(x, w, stride, padding, dilation, groups))
-    elif not op:
-        mask = [direction != "backward_filter", direction != "backward_data", False]
-        first = 1 if direction == "backward_filter" else 0
+    elif not op and direction == "backward":
         for _ in range(calls):
             grads = torch.ops.aten.convolution_backward(g, x, w, None, stride, padding, dilation, False, zeros,
-                                                        groups, mask)
-            out.append(grads[first])
-            if direction == "backward":
-                out.append(grads[1])
+                                                        groups, [True, True, False])
+            out += [grads[0], grads[1]]
+    elif not op:
+        mask, first = [direction == "backward_data", direction == "backward_filter", False], int(direction != "backward_data")
+        for _ in range(calls):
+            out.append(torch.ops.aten.convolution_backward(g, x, w, None, stride, padding, dilation, False, zeros,
+                                                           groups, mask)[first])
     elif direction == "backward_data":
         for _ in range(calls):
             out.append(torch.ops.cudnn_cache._convolution_backward_input(g, w, x.size(), stride, padding, dilation,
