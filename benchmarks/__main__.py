@@ -1,7 +1,7 @@
 """python3 -m benchmarks SUBCOMMAND [options]: every benchmark of cudnn_cache against native PyTorch.
 
-Each subcommand is a module of this package with its own options (`python3 -m benchmarks SUBCOMMAND --help`)
-and writes bench-results/NAME.json, and benchmarks/results/NAME.json too with --update (benchmarks/__init__.py).
+Each subcommand is a module of this package with its own options (`python3 -m benchmarks SUBCOMMAND --help`); it
+writes bench-results/NAME.json, and benchmarks/results/NAME.json too with --update (benchmarks/__init__.py).
 """
 
 import importlib
@@ -19,22 +19,18 @@ SUBCOMMANDS = {  # name -> (module, what it measures)
 }
 
 
-def usage() -> str:
-    rows = "\n".join(f"  {name:<16} {what}" for name, (_, what) in SUBCOMMANDS.items())
-    return f"usage: python3 -m benchmarks SUBCOMMAND [options]\n\nsubcommands:\n{rows}\n"
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    usage = "usage: python3 -m benchmarks SUBCOMMAND [options]\n\nsubcommands:\n" + "".join(
+        f"  {name:<16} {what}\n" for name, (_, what) in SUBCOMMANDS.items())
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip() + "\n\n" + usage(), end="")
+        print(__doc__.strip() + "\n\n" + usage, end="")
         return 0 if argv else 2
     if argv[0] not in SUBCOMMANDS:
-        sys.stderr.write(usage() + f"\nbenchmarks: unknown subcommand {argv[0]!r}\n")
+        sys.stderr.write(usage + f"\nbenchmarks: unknown subcommand {argv[0]!r}\n")
         return 2
-    module = importlib.import_module(f"benchmarks.{SUBCOMMANDS[argv[0]][0]}")
     sys.argv[0] = f"python3 -m benchmarks {argv[0]}"  # argparse's prog in usage and errors
-    return module.main(argv[1:])
+    return importlib.import_module(f"benchmarks.{SUBCOMMANDS[argv[0]][0]}").main(argv[1:])
 
 
 if __name__ == "__main__":

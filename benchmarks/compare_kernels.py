@@ -1,10 +1,10 @@
 """One convolution, natively and through the cache: which kernels each runs, and for how long.
 
-When a network is slower through cudnn_cache than natively, this tells which layer and which direction: it
-runs one convolution (forward, then forward + backward) with native benchmark=False, native benchmark=True
-and cudnn_cache (tuned first, then intercepting PyTorch's call), each warmed up, and prints the CUDA kernels
-torch.profiler records per call with their mean times, plus cudnn_cache.audit() for the cache's entries. The
-tunings and the audit run before anything is profiled.
+When a network is slower through cudnn_cache than natively, this tells which layer and which direction: it runs
+one convolution (forward, then forward + backward) with native benchmark=False, native benchmark=True and
+cudnn_cache (tuned first, then intercepting PyTorch's call), each warmed up, and prints the CUDA kernels
+torch.profiler records per call with their mean times, plus cudnn_cache.audit() of the cache's entries. The
+tunings and the audit run before anything is profiled (Note [Profiling last] in measure.py).
 
     python3 -m benchmarks compare-kernels --input 32,3,224,224 --weight 64,3,7,7 --stride 2 --padding 3
     python3 -m benchmarks compare-kernels --input 64,256,56,56 --weight 64,256,1,1 --dtype bfloat16 --channels-last
@@ -15,108 +15,84 @@ Writes JSON to --output (default: stdout only). Needs a CUDA GPU.
 import argparse
 import json
 import sys
-from typing import Callable, Dict, List, Tuple
 
 import torch
-import torch.nn.functional as F
+
+from benchmarks import no_gpu
 
 CALLS = 20
-CONVOLUTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The per-spatial-dimension arguments of one convolution and the value each takes when not given.
-CONVOLUTION_DEFAULTS = (("stride", 1), ("padding", 0), ("dilation", 1))
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def sizes(text: str) -> Tuple[int, ...]:
+def sizes(text: str) -> tuple:
     """'64,208,14,14' -> (64, 208, 14, 14), for argparse."""
     try:
         values = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers (e.g. 64,208,14,14)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 64,208,14,14)")
     if any(value < 0 for value in values):
         raise argparse.ArgumentTypeError(f"{text!r}: sizes are not negative")
     return values
 
 
-def add_convolution_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments that name one convolution; check them with check_convolution, make its operands with
-    convolution_operands."""
-    parser.add_argument("--input", type=sizes, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
-    parser.add_argument("--weight", type=sizes, required=True,
-                        help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
-    for name, default in CONVOLUTION_DEFAULTS:
-        parser.add_argument(f"--{name}", type=sizes, help=f"one value per spatial dimension, or one for all (default "
-                                                          f"{default})")
-    parser.add_argument("--groups", type=int, default=1)
-    parser.add_argument("--dtype", choices=sorted(CONVOLUTION_DTYPES), default="float32")
-    parser.add_argument("--channels-last", action="store_true", help="input and weight in channels_last")
-
-
-def check_convolution(args: argparse.Namespace, error: Callable[[str], None]) -> None:
-    """add_convolution_arguments' values checked against each other, before any GPU time is spent (`error` is
-    argparse's parser.error); stride, padding and dilation get one value per spatial dimension."""
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--input", type=sizes, required=True, help="input shape N,C,spatial... (e.g. 64,208,14,14)")
+    add("--weight", type=sizes, required=True, help="weight shape K,C/groups,kernel... (e.g. 208,8,3,3)")
+    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        add(f"--{name}", type=sizes, default=(default,), help=f"one value per spatial dimension, or one for all "
+                                                            f"(default {default})")
+    add("--groups", type=int, default=1)
+    add("--dtype", choices=sorted(DTYPES), default="float32")
+    add("--channels-last", action="store_true", help="input and weight in channels_last")
+    add("--output", help="write the JSON report here too")
+    args = parser.parse_args(argv)
     spatial = len(args.input) - 2
     if spatial < 1 or len(args.weight) != len(args.input):
-        error(f"--input {args.input} and --weight {args.weight}: both N,C and at least one spatial size, "
-              "of the same length")
+        parser.error(f"--input {args.input} and --weight {args.weight}: both N,C and at least one spatial size, "
+                     "of the same length")
     if args.groups < 1 or args.input[1] % args.groups or args.weight[0] % args.groups or \
             args.weight[1] * args.groups != args.input[1]:
-        error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
-              f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
-    for name, default in CONVOLUTION_DEFAULTS:
+        parser.error(f"--groups {args.groups}: the input's {args.input[1]} channels must be groups x the weight's "
+                     f"{args.weight[1]}, and its {args.weight[0]} outputs a multiple of groups")
+    for name in ("stride", "padding", "dilation"):
         value = getattr(args, name)
-        if value is None:
-            setattr(args, name, (default,) * spatial)
-        elif len(value) == 1:
-            setattr(args, name, value * spatial)
-        elif len(value) != spatial:
-            error(f"--{name} {value}: one value per spatial dimension ({spatial}), or one for all")
+        if len(value) not in (1, spatial):
+            parser.error(f"--{name} {value}: one value per spatial dimension ({spatial}), or one for all")
+        setattr(args, name, value * spatial if len(value) == 1 else value)
     if args.channels_last and len(args.input) not in (4, 5):
-        error(f"--channels-last: a 2-D or 3-D convolution's layout, not one of --input {args.input}")
+        parser.error(f"--channels-last: a 2-D or 3-D convolution's layout, not one of --input {args.input}")
+    return args
 
 
-def convolution_operands(args: argparse.Namespace, device: str = "cuda") -> Tuple[torch.Tensor, torch.Tensor]:
-    """Random input and weight of the checked convolution (check_convolution), channels_last where asked."""
-    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}[len(args.input)] if args.channels_last \
-        else torch.contiguous_format
-    options = {"device": device, "dtype": CONVOLUTION_DTYPES[args.dtype]}
-    return tuple(torch.randn(shape, **options).contiguous(memory_format=memory_format)
-                 for shape in (args.input, args.weight))
-
-
-
-def kernels(call, calls: int = CALLS) -> List[Dict]:
-    """The CUDA kernels of `calls` calls, per call: name, launches and microseconds."""
+def kernels(call) -> list:
+    """The CUDA kernels of CALLS calls, per call: name, launches and microseconds."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
         call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-        for _ in range(calls):
+        for _ in range(CALLS):
             call()
         torch.cuda.synchronize()
-    events = [e for e in profiler.key_averages() if e.self_device_time_total > 0]
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    return [{"kernel": e.key[:140], "launches": e.count / calls, "us": e.self_device_time_total / calls}
-            for e in events]
+    events = sorted((e for e in profiler.key_averages() if e.self_device_time_total > 0),
+                    key=lambda e: e.self_device_time_total, reverse=True)
+    return [{"kernel": e.key[:140], "launches": e.count / CALLS, "us": e.self_device_time_total / CALLS} for e in events]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_convolution_arguments(parser)
-    parser.add_argument("--output", help="write the JSON report here too")
-    args = parser.parse_args(argv)
-    check_convolution(args, parser.error)
-    if not torch.cuda.is_available():
-        print("compare_kernels: no CUDA GPU is visible; this compares cuDNN kernels and needs one", file=sys.stderr)
+    args = parse_args(argv)
+    if no_gpu("cuda", "compare_kernels"):
         return 2
     import cudnn_cache
 
-    x, w = convolution_operands(args)
-    x.requires_grad_()
-    w.requires_grad_()
-    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
+    memory_format = {4: torch.channels_last, 5: torch.channels_last_3d}[len(args.input)] if args.channels_last \
+        else torch.contiguous_format
+    x, w = (torch.randn(shape, device="cuda", dtype=DTYPES[args.dtype]).contiguous(memory_format=memory_format)
+            .requires_grad_() for shape in (args.input, args.weight))
+    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[x.dim()]
     options = dict(stride=args.stride, padding=args.padding, dilation=args.dilation, groups=args.groups)
 
     def forward():
@@ -128,9 +104,7 @@ def main(argv=None) -> int:
 
     report = {"problem": vars(args), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "modes": {}}
-    # Everything that times (cudnn_cache's search and audit, native benchmark mode's first calls) before the
-    # first profiler session, which may leave CUPTI attached (Note [Profiling last] in cases.py).
-    cudnn_cache.intercept(True)
+    cudnn_cache.intercept(True)  # everything that times runs before the first profiler session
     training()  # tunes the three directions
     report["audit"] = cudnn_cache.audit()
     cudnn_cache.intercept(False)
@@ -144,11 +118,9 @@ def main(argv=None) -> int:
         report["modes"][mode] = {"forward": kernels(forward), "forward_backward": kernels(training)}
     torch.backends.cudnn.benchmark = False
     cudnn_cache.intercept(False)
-
     for mode, runs in report["modes"].items():
         for run, rows in runs.items():
-            total = sum(row["us"] for row in rows)
-            print(f"\n{mode} {run}: {total:.1f} us per call")
+            print(f"\n{mode} {run}: {sum(row['us'] for row in rows):.1f} us per call")
             for row in rows:
                 print(f"  {row['us']:9.1f} us  x{row['launches']:.0f}  {row['kernel']}")
     for row in report["audit"]:

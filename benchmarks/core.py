@@ -1,7 +1,7 @@
-"""Runs the core micro-benchmarks (tests/bench/bench_core.cpp) and checks them against their targets.
+"""The C++ core's micro-benchmarks (tests/bench/bench_core.cpp, Google Benchmark) against their targets.
 
-Writes the raw Google Benchmark JSON plus a summary to bench-results/core.json (--json to move it, --update:
-benchmarks/results/core.json too) and prints a markdown table. With --check, exits 1 when a target is missed.
+Writes the raw Google Benchmark JSON and a summary to bench-results/core.json and prints the table; with --check,
+exits 1 when a target is missed.
 """
 
 import argparse
@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
-from benchmarks import ROOT, output_paths, write_result
+from benchmarks import ROOT, add_arguments, output_paths, parse, write_result
+from benchmarks.performance_doc import render_core
 
-# benchmark name -> (what it measures, target, unit)
-TARGETS = {
+TARGETS = {  # benchmark name -> (what it measures, target, unit)
     "key_from_values": ("key from plain values", 200.0, "ns"),
     "key_from_descriptors": ("key decoded from descriptors", None, "ns"),
     "descriptors_from_key": ("the legacy backend's four descriptors made from a key (each call)", None, "ns"),
@@ -39,45 +39,31 @@ TARGETS = {
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser, "core.json")
     parser.add_argument("--build-dir", default=str(ROOT / "build"))
-    parser.add_argument("--json", help="the result file (default bench-results/core.json)")
-    parser.add_argument("--update", action="store_true", help="also write benchmarks/results/core.json")
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-
+    args = parse(parser, argv)
     binary = pathlib.Path(args.build_dir) / "tests" / "cudnn_cache_bench"
     if not binary.exists():
         sys.exit(f"{binary} is missing: build with scripts/build.sh (needs Debian's libbenchmark-dev)")
-    raw = subprocess.run(
-        [str(binary), "--benchmark_format=json", f"--benchmark_repetitions={args.repetitions}",
-         "--benchmark_report_aggregates_only=true"],
-        check=True, capture_output=True, text=True).stdout
-    report = json.loads(raw)
-
-    rows, missed = [], []
+    report = json.loads(subprocess.run([str(binary), "--benchmark_format=json",
+                                        f"--benchmark_repetitions={args.repetitions}",
+                                        "--benchmark_report_aggregates_only=true"],
+                                       check=True, capture_output=True, text=True).stdout)
+    rows = []
     for name, (label, target, unit) in TARGETS.items():
         median = next(b for b in report["benchmarks"] if b["run_name"] == name and b["aggregate_name"] == "median")
         assert median["time_unit"] == unit, (name, median["time_unit"])
-        value = median["real_time"]
-        verdict = "-" if target is None else ("met" if value <= target else "MISSED")
-        if verdict == "MISSED":
-            missed.append(name)
-        rows.append({"benchmark": name, "what": label, "median": value, "unit": unit, "target": target,
+        verdict = "-" if target is None else ("met" if median["real_time"] <= target else "MISSED")
+        rows.append({"benchmark": name, "what": label, "median": median["real_time"], "unit": unit, "target": target,
                      "verdict": verdict})
-
     summary = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpu": report["context"].get("num_cpus"),
                "rows": rows, "google_benchmark": report}
-    paths = output_paths("core.json", args.json, args.update)
-    write_result(summary, paths)
-
-    print("| benchmark | median | target | verdict |")
-    print("|---|---|---|---|")
-    for row in rows:
-        target = "-" if row["target"] is None else f"<= {row['target']:g} {row['unit']}"
-        print(f"| {row['what']} | {row['median']:.1f} {row['unit']} | {target} | {row['verdict']} |")
-    print(f"\nJSON: {', '.join(map(str, paths))}")
-    return 1 if (args.check and missed) else 0
+    text = "\n".join(render_core(summary))
+    write_result(summary, output_paths("core.json", args.output, args.update), text)
+    print(text)
+    return 1 if args.check and any(row["verdict"] == "MISSED" for row in rows) else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The statistics of the benchmarks' figures: a median with its 95% interval, and whether two overlap.
+"""The benchmarks' one statistics module: a median with its 95% interval, and whether two overlap.
 
 Note [The bench's intervals]
 The interval is the distribution-free 95% confidence interval of the median from order statistics: with n
@@ -41,12 +41,14 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
             "n": len(ordered)}
 
 
+def summary(values: Sequence[float]) -> Dict[str, float]:
+    """median_interval, or where 95% needs more values, the median with the lowest and highest."""
+    if len(values) >= 6:
+        return median_interval(values)
+    return {"median": statistics.median(values), "lo": min(values), "hi": max(values), "n": len(values)}
+
+
 def intervals_overlap(a: Dict[str, float], b: Dict[str, float]) -> bool:
     """Whether the intervals of two median_interval results share a value."""
     return a["lo"] <= b["hi"] and b["lo"] <= a["hi"]
-
-
-def format_interval(figure: Dict[str, float], spec: str, unit: str = "") -> str:
-    """'median [lo, hi] unit', e.g. '24.90 [24.80, 25.10] ms'."""
-    return f"{figure['median']:{spec}} [{figure['lo']:{spec}}, {figure['hi']:{spec}}]{unit}"
 

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Fuzzes the cache file loaders (deserialize and from_json) with libFuzzer for SECONDS seconds (default 60),
-# under AddressSanitizer and UndefinedBehaviorSanitizer. Builds build-asan/ first if needed (scripts/sanitize.sh),
-# writes a fresh seed corpus of valid and damaged files of every format version, and keeps what the fuzzer
-# finds in build-asan/fuzz-corpus/ for the next run. A crash, leak, undefined behaviour, an exception other
-# than cudnn_cache::Error, or an accepted file that does not save and load again, fails the run and leaves
-# the input in build-asan/fuzz-artifacts/ (replay: build-asan/tests/fuzz/cudnn_cache_fuzz_checkpoint FILE).
-# Extra arguments go to libFuzzer, e.g. scripts/fuzz.sh 600 -runs=10000000 -jobs=2.
+# Fuzzes the cache file loaders (deserialize and from_json) with libFuzzer for SECONDS seconds (default 60) under
+# ASan and UBSan, in build-asan/ (built first by scripts/sanitize.sh if needed), from a fresh seed corpus of valid
+# and damaged files of every format version; what it finds stays in build-asan/fuzz-corpus/ for the next run. A
+# crash, leak, undefined behaviour, an exception other than cudnn_cache::Error, or an accepted file that does not
+# save and load again fails the run, its input left in build-asan/fuzz-artifacts/ (replay:
+# build-asan/tests/fuzz/cudnn_cache_fuzz_checkpoint FILE). Extra arguments go to libFuzzer (-runs=N -jobs=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}

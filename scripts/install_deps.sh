@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
-# Installs everything building and testing cudnn_cache needs on a fresh Debian machine with the CUDA toolkit:
-# Debian's cereal, Catch2, Google Benchmark, CMake, Ninja, clang with its sanitizer and libFuzzer runtimes
-# (scripts/sanitize.sh, scripts/fuzz.sh) and redis-server (tests/python/test_remote.py starts its own); from PyPI,
-# PyTorch 2.11.0 (which brings the cuDNN the project builds against), the matching torchvision (for the warm
-# start's model names), pytest, numpy, tqdm, expecttest (which PyTorch's test material, op_db and module_db,
-# imports) and hiredis, Redis's protocol parser (the remote store's client is built on it); and
-# cudnn-frontend's C++ headers, unpacked from its PyPI wheel into .deps/. Safe to run again: it only installs
-# what is missing. Last, the cudnn_cache package of this checkout, editable (pip install -e: it builds nothing;
-# the package loads the ops library scripts/build.sh builds into ./build), with the `cudnn_cache` command, so
-# that `python -m cudnn_cache` and `cudnn_cache` work from anywhere.
+# Installs what building and testing cudnn_cache needs on a fresh Debian machine with the CUDA toolkit, only what
+# is missing: Debian's cereal, Catch2, Google Benchmark, CMake, Ninja, clang with its sanitizer and libFuzzer
+# runtimes and llvm's symbolizer (scripts/sanitize.sh, scripts/fuzz.sh) and redis-server (tests/python/test_remote.py
+# starts its own); from PyPI, PyTorch 2.11.0 (which brings the cuDNN the project builds against), torchvision,
+# the test tools, expecttest (PyTorch's test material imports it) and hiredis (the remote store's client);
+# cudnn-frontend's headers into .deps/; last, this checkout's package, editable, with the `cudnn_cache` command
+# (pip install -e builds nothing: the package loads the ops library scripts/build.sh builds into ./build).
 set -euo pipefail
 
-# clang, its sanitizer and libFuzzer runtimes and llvm's symbolizer: scripts/sanitize.sh and scripts/fuzz.sh.
 debian_packages=(libcereal-dev catch2 libbenchmark-dev cmake ninja-build g++ clang libclang-rt-14-dev llvm
   redis-server)
 missing=()

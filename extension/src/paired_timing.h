@@ -70,7 +70,7 @@
 // more than noise (the audit's resolution), and whichever config a round timed first, or right after another,
 // paid for its place. In a fresh order each round no config keeps a place or a neighbour; the order is a fixed
 // function of the round's index, so the same rounds run in the same order in every run and on every rank (Note
-// [Never slower than native's pick]: stable choices). The benchmarks' rounds do the same (benchmarks/cases.py, in_turn).
+// [Never slower than native's pick]: stable choices). The benchmarks' rounds do the same (benchmarks/measure.py, in_turn).
 
 #include <cstddef>
 #include <string>
