@@ -85,7 +85,7 @@ LOADS = ("cache_warm", "cache_intercept")  # the modes that load the file cache_
 INTERLEAVED = "interleaved"  # the cases WORKLOAD:interleaved:NATIVE_MODE, one process per native mode (PyTorch
 INTERLEAVED_NATIVE = ("native_heuristic", "native_benchmark")  # keeps one plan cache for both of its modes)
 # cudnn_cache.set_tuning_options' options that are flags, and the one that is a ratio; the rest are counts.
-TUNING_FLAGS = ("flush_l2", "exhaustive", "prefetch_backward", "rank_deterministic")
+TUNING_FLAGS = ("flush_l2", "exhaustive", "rank_deterministic")
 TUNING_RATIOS = ("give_up_ratio",)
 AUDIT_NOISE = 1.02  # an audited time within 2% of another counts as a tie
 # The targets (check_targets).
