@@ -45,6 +45,7 @@ import torch  # noqa: E402  (CUDA starts at the first CUDA call, after a case ha
 
 from benchmarks import (add_arguments, case_command, combine, no_gpu, output_paths, parse, run_case,  # noqa: E402
                         run_plan, write_result)
+from benchmarks.measure import in_turn  # noqa: E402
 from benchmarks.report import interval, number, table  # noqa: E402
 from benchmarks.stats import summary  # noqa: E402
 
@@ -56,7 +57,7 @@ WORKLOADS = {  # name -> (label, batch, fixed shape)
     "dense": ("DenseNet-121 bf16 channels_last bs32", 32, True),
     "grouped": ("ResNeXt-50 32x4d bf16 channels_last bs32", 32, True),
 }
-MODES = ("native_benchmark", "native_heuristics", "cache_cold", "cache_nearest", "cache_warm")  # the run's order
+MODES = ("native_benchmark", "native_heuristics", "cache_cold", "cache_nearest", "cache_warm")  # ordered per round: round_order
 NATIVE = MODES[:2]
 # Left out unless --modes names them, to fit a run in minutes: benchmark mode times every convolution shape it
 # meets (detection: 4 sizes of ~50 convolutions; DenseNet: ~65 distinct shapes), most slowly without a JIT cache.
@@ -181,6 +182,17 @@ BUILDERS = {"detection": detection, "speech": speech, "gan": gan, "dense": class
 def modes_of(workload: str, modes) -> list:
     """The modes run for `workload`, in MODES order: those of --modes, else all but DEFAULT_SKIP's."""
     return [m for m in MODES if (m in modes if modes else m not in DEFAULT_SKIP.get(workload, ()))]
+
+
+def round_order(modes: list, round_: int) -> list:
+    """The modes in round `round_`'s order (measure.in_turn), but cache_warm after the cache_cold whose file it
+    loads: a drift of the machine over a round then lands on no mode in every round."""
+    order = in_turn(modes, round_)
+    if "cache_warm" in order and "cache_cold" in order:
+        warm, cold = order.index("cache_warm"), order.index("cache_cold")
+        if warm < cold:
+            order[warm], order[cold] = order[cold], order[warm]
+    return order
 
 
 def case_environment(mode: str, cache_file) -> dict:
@@ -407,7 +419,7 @@ def main(argv=None) -> int:
               "settings": {k: v for k, v in vars(args).items() if k not in ("case", "combine", "cache_file")},
               "cases": []}
     rounds = range(args.first_round, args.first_round + args.rounds)
-    plan = [(w, m, r) for w in args.workloads for r in rounds for m in modes_of(w, args.modes)]
+    plan = [(w, m, r) for w in args.workloads for r in rounds for m in round_order(modes_of(w, args.modes), r)]
 
     def command(workload, mode, cache_file):
         env = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}

@@ -58,6 +58,16 @@ def test_warm_needs_cold_and_defaults_skip_native_benchmark_for_detection(capsys
         "native_benchmark", "cache_cold", "cache_warm"]
 
 
+def test_each_round_orders_the_modes_anew_with_warm_after_the_cold_it_loads():
+    orders = [rw.round_order(list(rw.MODES), r) for r in range(1, 9)]
+    for order in orders:
+        assert sorted(order) == sorted(rw.MODES)
+        assert order.index("cache_cold") < order.index("cache_warm")
+    # a drift over a round must not always land on the same mode: no mode is always last, none always first
+    assert len({order[-1] for order in orders}) > 1 and len({order[0] for order in orders}) > 1
+    assert rw.round_order(["native_heuristics", "cache_warm"], 3) == rw.round_order(["native_heuristics", "cache_warm"], 3)
+
+
 def test_each_mode_runs_with_the_variables_a_user_would_set():
     assert rw.case_environment("native_benchmark", "/c") == {"CUDA_CACHE_DISABLE": "1"}
     assert rw.case_environment("cache_cold", "/c") == {"CUDA_CACHE_DISABLE": "1", "CUDNN_CACHE_PATH": "/c"}
@@ -138,7 +148,9 @@ def test_runner_end_to_end_on_the_cpu(tmp_path):
     report = json.loads(output.read_text())
     assert done.returncode == 1, done.stderr  # cache_warm: the CPU run tunes nothing, so cold saves no file
     assert report["benchmark"] == "real_workloads" and report["complete"] and output.with_suffix(".md").exists()
-    native, cold, warm = report["cases"]
+    cases = {case["mode"]: case for case in report["cases"]}
+    assert [case["mode"] for case in report["cases"]] == rw.round_order(["native_heuristics", "cache_cold", "cache_warm"], 1)
+    native, cold, warm = cases["native_heuristics"], cases["cache_cold"], cases["cache_warm"]
     assert (native["mode"], native["round"], native["cudnn_cache_imported"]) == ("native_heuristics", 1, False)
     assert native["steady_wall_ms"]["n"] == 2 and len(native["epoch_steps_ms"]) == 2 and native["jit_cache_disabled"]
     assert cold["intercepting"] and cold["cache_file"].endswith("gan-1-cache_cold.cache") and "entries" in cold["stats"]
