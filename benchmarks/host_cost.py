@@ -26,6 +26,7 @@ import torch
 
 from benchmarks import add_arguments, no_gpu, output_paths, parse, write_result
 from benchmarks.measure import in_turn, initialise_libraries, synchronize
+from benchmarks.workloads import WORKLOADS, model_and_input
 from benchmarks.report import table
 from benchmarks.stats import median_interval
 
@@ -244,8 +245,6 @@ class Convolution:
 def convolutions_of(workload: str, device: torch.device) -> List[Convolution]:
     """The model's distinct (non-transposed) convolutions, recorded by forward hooks on one forward pass; for
     'overhead', the convolution of the overhead case's training rows."""
-    from benchmarks.models import WORKLOADS, model_and_input
-
     if workload == "overhead":
         module = torch.nn.Conv2d(TRAIN_WEIGHT[1], TRAIN_WEIGHT[0], TRAIN_WEIGHT[2:], padding=1, bias=False).to(device)
         x = torch.rand(TRAIN_INPUT, device=device)
@@ -330,8 +329,6 @@ def markdown(rows: List[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from benchmarks.models import WORKLOADS
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, "host_cost.json")
     parser.add_argument("--workload", choices=[*WORKLOADS, "overhead"], default="seed",
