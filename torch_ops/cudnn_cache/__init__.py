@@ -423,9 +423,7 @@ def tune_pending(max_seconds: Optional[float] = None, device: Optional[int] = No
                          f"{max_seconds!r}")
     from . import distributed
 
-    origin = distributed.device_origin(device)
-    pending = [(backend, key) for where, backend, key in distributed.recorded_misses() if where == origin]
-    return _tune_in_turn(pending, device, max_seconds)
+    return _tune_in_turn(distributed.pending_of(distributed.device_origin(device)), device, max_seconds)
 
 
 def _tune_in_turn(problems, device: Optional[int], max_seconds: Optional[float]) -> int:

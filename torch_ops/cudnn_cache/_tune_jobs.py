@@ -32,6 +32,7 @@ from .distributed import Problem
 # machine is a mistake, not a plan.
 MAX_JOBS = 64
 
+
 def jobs_fix() -> str:
     """What to do about a bad --jobs, for every message that refuses one."""
     return f"give a number of worker processes from 1 to {MAX_JOBS} (1, the default, tunes in this process)"
@@ -96,9 +97,7 @@ def tune_file(path: str, jobs: int = 1, device: Optional[int] = None, max_second
         return {"tuned": cudnn_cache.tune_pending(max_seconds=max_seconds, device=device), "workers": []}
     deadline = None if max_seconds is None else time.time() + max_seconds
     devices = tuning_devices(device)
-    origin = distributed.device_origin(devices[0])
-    pending = [(backend, key) for where, backend, key in distributed.recorded_misses() if where == origin]
-    dealt = shares(pending, jobs)
+    dealt = shares(distributed.pending_of(distributed.device_origin(devices[0])), jobs)
     workers = [{"device": worker_device, "keys": len(share)}
                for worker_device, share in zip(worker_devices(len(dealt), devices), dealt)]
     results = _run_workers(path, dealt, [worker["device"] for worker in workers], deadline, options or {})

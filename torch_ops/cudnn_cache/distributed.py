@@ -70,6 +70,11 @@ def recorded_misses() -> List[Tuple[Origin, str, Tuple[int, ...]]]:
     return [(origins[row[0]], _BACKENDS[row[1]], tuple(row[2:])) for row in rows.tolist()]
 
 
+def pending_of(origin: Origin) -> List[Problem]:
+    """The (backend, key) of every pending key of `origin` (recorded_misses()' of one GPU identity and cuDNN)."""
+    return [(backend, key) for where, backend, key in recorded_misses() if where == origin]
+
+
 def clear_recorded_misses() -> None:
     """Forgets every recorded miss (every pending key)."""
     _ops.clear_recorded_misses()
@@ -186,7 +191,7 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
         origin = device_origin(device)
     origin = None if origin is None else _checked_origin(origin)
     if problems is None:
-        problems = [(backend, key) for where, backend, key in recorded_misses() if where == origin]
+        problems = pending_of(origin)
     needs = sorted({_checked_problem(problem) for problem in problems})
     if tune is None:
         def tune(backend: str, key: Tuple[int, ...]) -> None:
