@@ -38,6 +38,8 @@
 //   |     |     |               u64 n, n bytes of cudnn-frontend's plan         |
 //   |     |     |     2 x (u64 count, count x ConvolutionKey)              (v4+)|
 //   |     |     |         pending keys of the graph API, of the legacy API      |
+//   |     |     |     u64 count, count x {AttentionKey, StoredPlan}        (v6+)|
+//   |     |     |         key: its 77 i64 words                                 |
 //   |     |     |   (each class's u32 cereal version precedes its first use)    |
 //   +-----+-----+---------------------------------------------------------------+
 //   | 29+P|   8 | checksum of bytes [0, 29 + P)                                 |
@@ -167,8 +169,8 @@ void write_entries(cereal::PortableBinaryOutputArchive& archive, const Checkpoin
 
 // Checks that `key` is valid and comes after `previous` (null for the first), as a file's keys of one list do;
 // the error names the key as the words of `name` say ("forward entry 3", "stored plan 2", ...).
-template <typename... Name>
-void check_next_key(const ConvolutionKey* previous, const ConvolutionKey& key, const Name&... name) {
+template <typename Key, typename... Name>
+void check_next_key(const Key* previous, const Key& key, const Name&... name) {
   if (const std::string problem = check_key(key); !problem.empty()) detail::throw_invalid(name..., ": ", problem);
   if (previous && !(*previous < key)) detail::throw_invalid(name..., " is out of order or repeated");
 }
@@ -185,10 +187,25 @@ void append_entry(CheckpointSection& section, typename PerfCache<Traits>::Entry 
   entries.push_back(std::move(entry));
 }
 
-// Appends stored plan i after checking its key and key order.
-void append_plan(CheckpointSection& section, const ConvolutionKey& key, StoredPlan plan, std::size_t i) {
-  check_next_key(section.plans.empty() ? nullptr : &section.plans.back().first, key, "stored plan ", i);
-  section.plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
+// A section's stored plans of Key (convolutions' or attention's), and their name in messages and JSON.
+std::vector<PlanStore::Entry>& plans_of(CheckpointSection& section, const ConvolutionKey*) { return section.plans; }
+std::vector<AttentionPlanStore::Entry>& plans_of(CheckpointSection& section, const AttentionKey*) {
+  return section.attention;
+}
+template <typename Key>
+const auto& plans_of(const CheckpointSection& section, const Key* key) {
+  return plans_of(const_cast<CheckpointSection&>(section), key);
+}
+// In messages ("stored plan 3") and as the JSON field.
+const char* plans_name(const ConvolutionKey*, bool json = false) { return json ? "stored_plans" : "stored plan"; }
+const char* plans_name(const AttentionKey*, bool json = false) { return json ? "attention_plans" : "attention plan"; }
+
+// Appends stored plan i of Key after checking its key and key order.
+template <typename Key>
+void append_plan(CheckpointSection& section, const Key& key, StoredPlan plan, std::size_t i) {
+  auto& plans = plans_of(section, &key);
+  check_next_key(plans.empty() ? nullptr : &plans.back().first, key, plans_name(&key), " ", i);
+  plans.emplace_back(key, std::make_shared<const StoredPlan>(std::move(plan)));
 }
 
 // The fewest bytes an entry takes in a file: its key, a ranking's count and one candidate of the smallest kind.
@@ -214,6 +231,7 @@ void read_entries(cereal::PortableBinaryInputArchive& archive, CheckpointSection
 bool holds_graph_entries(std::uint32_t format_version) { return format_version >= 2; }
 bool holds_plans(std::uint32_t format_version) { return format_version >= 3; }
 bool holds_pending(std::uint32_t format_version) { return format_version >= 4; }
+bool holds_attention(std::uint32_t format_version) { return format_version >= 6; }
 
 // The pending keys of one backend in a section, and their name in messages and JSON.
 std::vector<ConvolutionKey>& pending_of(CheckpointSection& section, bool graph) {
@@ -252,16 +270,19 @@ void read_pending(cereal::PortableBinaryInputArchive& archive, CheckpointSection
   }
 }
 
+template <typename Key>
 void write_plans(cereal::PortableBinaryOutputArchive& archive, const CheckpointSection& section) {
-  archive(cereal::make_size_tag(static_cast<cereal::size_type>(section.plans.size())));
-  for (const auto& [key, plan] : section.plans) archive(key, *plan);
+  const auto& plans = plans_of(section, static_cast<const Key*>(nullptr));
+  archive(cereal::make_size_tag(static_cast<cereal::size_type>(plans.size())));
+  for (const auto& [key, plan] : plans) archive(key, *plan);
 }
 
+template <typename Key>
 void read_plans(cereal::PortableBinaryInputArchive& archive, CheckpointSection& section) {
   cereal::size_type count = 0;
   archive(cereal::make_size_tag(count));
   for (cereal::size_type i = 0; i < count; ++i) {
-    ConvolutionKey key;
+    Key key;
     StoredPlan plan;
     archive(key, plan);
     append_plan(section, key, std::move(plan), i);
@@ -305,7 +326,7 @@ std::string serialize_payload(const Checkpoint& checkpoint) {
         }
       });
       if (holds_plans(version)) {
-        write_plans(archive, section);
+        write_plans<ConvolutionKey>(archive, section);
       } else {
         CUDNN_CACHE_REQUIRE(section.plans.empty(), "file format ", version, " cannot hold stored plans; write format ",
                             kFormatVersion);
@@ -315,6 +336,12 @@ std::string serialize_payload(const Checkpoint& checkpoint) {
       } else {
         CUDNN_CACHE_REQUIRE(section.pending() == 0, "file format ", version, " cannot hold pending keys; write format ",
                             kFormatVersion);
+      }
+      if (holds_attention(version)) {
+        write_plans<AttentionKey>(archive, section);
+      } else {
+        CUDNN_CACHE_REQUIRE(section.attention.empty(), "file format ", version,
+                            " cannot hold attention plans; write format ", kFormatVersion);
       }
     }
   }
@@ -339,8 +366,9 @@ std::vector<CheckpointSection> deserialize_payload(std::istream& bytes, std::siz
     };
     for_each_direction(read);
     if (holds_graph_entries(format_version)) for_each_graph_direction(read);
-    if (holds_plans(format_version)) read_plans(archive, section);
+    if (holds_plans(format_version)) read_plans<ConvolutionKey>(archive, section);
     if (holds_pending(format_version)) read_pending(archive, section, size);
+    if (holds_attention(format_version)) read_plans<AttentionKey>(archive, section);
     sections.push_back(std::move(section));
   }
   if (bytes.peek() != std::char_traits<char>::eof()) detail::throw_invalid("bytes after the last section");
@@ -381,7 +409,8 @@ Checkpoint snapshot(const CacheStore& store) {
     section.plans = caches->plans.entries();
     section.pending_graph = caches->pending_keys(true);
     section.pending_legacy = caches->pending_keys(false);
-    if (section.size() > 0 || !section.plans.empty() || section.pending() > 0) {
+    section.attention = caches->attention.entries();
+    if (section.size() > 0 || !section.plans.empty() || section.pending() > 0 || !section.attention.empty()) {
       checkpoint.sections.push_back(std::move(section));
     }
   }
@@ -398,6 +427,7 @@ void merge_into(CacheStore& store, Checkpoint checkpoint) {
       for (auto& [key, ranking] : section.entries<Traits>()) cache.insert(key, std::move(ranking));
     });
     for (const auto& [key, plan] : section.plans) caches.plans.insert(key, *plan);
+    for (const auto& [key, plan] : section.attention) caches.attention.insert(key, *plan);
     for (const bool graph : {true, false}) {
       for (const ConvolutionKey& key : pending_of(section, graph)) caches.pending.insert(graph, key);
     }
@@ -568,13 +598,16 @@ std::string to_json(const Checkpoint& checkpoint) {
             }
           });
         });
-        json_array(archive, "stored_plans", [&] {
-          for (const auto& [key, plan] : section.plans) {
-            archive.startNode();
-            archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", *plan));
-            archive.finishNode();
-          }
-        });
+        const auto write_json_plans = [&](const auto& plans, const char* name) {
+          json_array(archive, name, [&] {
+            for (const auto& [key, plan] : plans) {
+              archive.startNode();
+              archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", *plan));
+              archive.finishNode();
+            }
+          });
+        };
+        write_json_plans(section.plans, "stored_plans");
         if (holds_pending(checkpoint.header.format_version)) {
           for (const bool graph : {true, false}) {
             json_array(archive, pending_name(graph), [&] {
@@ -582,6 +615,7 @@ std::string to_json(const Checkpoint& checkpoint) {
             });
           }
         }
+        if (holds_attention(checkpoint.header.format_version)) write_json_plans(section.attention, "attention_plans");
         archive.finishNode();
       }
     });
@@ -699,20 +733,23 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
               }
             });
           });
-          where = detail::concat("sections[", i, "]");
-          json_array(archive, "stored_plans", [&] {
-            cereal::size_type count = 0;
-            archive.loadSize(count);
-            for (cereal::size_type j = 0; j < count; ++j) {
-              ConvolutionKey key;
-              StoredPlan plan;
-              where = detail::concat("sections[", i, "].stored_plans[", j, "]");
-              archive.startNode();
-              archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", plan));
-              archive.finishNode();
-              append_plan(section, key, std::move(plan), j);
-            }
-          });
+          const auto read_json_plans = [&](auto key) {
+            const char* name = plans_name(&key, true);
+            where = detail::concat("sections[", i, "]");
+            json_array(archive, name, [&] {
+              cereal::size_type count = 0;
+              archive.loadSize(count);
+              for (cereal::size_type j = 0; j < count; ++j) {
+                StoredPlan plan;
+                where = detail::concat("sections[", i, "].", name, "[", j, "]");
+                archive.startNode();
+                archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", plan));
+                archive.finishNode();
+                append_plan(section, key, std::move(plan), j);
+              }
+            });
+          };
+          read_json_plans(ConvolutionKey{});
           if (holds_pending(version)) {
             for (const bool graph : {true, false}) {
               json_array(archive, pending_name(graph), [&] {
@@ -727,6 +764,7 @@ Checkpoint from_json(const std::string& text, const std::string& source) {
               });
             }
           }
+          if (holds_attention(version)) read_json_plans(AttentionKey{});
           archive.finishNode();
           // What deserialize could never give: the bytes of this version have no place for them.
           if (!holds_graph_entries(version) && section.size() != section.forward.size() + section.backward_data.size() +
@@ -795,7 +833,7 @@ LoadReport load(CacheStore& store, const std::string& path, const CudnnVersion& 
   report.header = checkpoint.header;
   for (const CheckpointSection& section : checkpoint.sections) {
     report.entries += section.size();
-    report.plans += section.plans.size();
+    report.plans += section.plans.size() + section.attention.size();
     report.pending += section.pending();
     if (!section.origin.same_cudnn(running)) report.other_cudnn_entries += section.size();
   }

@@ -14,12 +14,25 @@
 #include <system_error>
 #include <vector>
 
+#include "cudnn_cache/attention.h"
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/key.h"
 #include "cudnn_cache/perf_cache.h"
 
 namespace cudnn_cache::testing {
+
+// A valid attention key: (batch, 8 heads, sequence, 64) fp16 operands laid out as (batch, sequence, heads, 64).
+inline AttentionKey attention_key(AttentionDirection direction, std::int64_t batch = 2, std::int64_t sequence = 128) {
+  const AttentionOperand operand{{batch, 8, sequence, 64}, {sequence * 8 * 64, 64, 8 * 64, 1}};
+  AttentionKey key;
+  key.direction = static_cast<std::int64_t>(direction);
+  key.data_type = CUDNN_DATA_HALF;
+  key.stats = 1;
+  key.q = key.k = key.v = key.o = operand;
+  if (direction == AttentionDirection::backward) key.d_o = key.d_q = key.d_k = key.d_v = operand;
+  return key;
+}
 
 // A valid key: a 2-D 3x3 convolution with padding 1 of a (batch, channels, 16, 16) input. Different batches
 // or channel counts give different keys.
@@ -108,15 +121,21 @@ inline std::string difference(const Checkpoint& a, const Checkpoint& b) {
       }
     });
     if (!out.str().empty()) return out.str();
-    if (x.plans.size() != y.plans.size()) {
-      out << x.origin << ": " << x.plans.size() << " vs " << y.plans.size() << " stored plans";
-      return out.str();
-    }
-    for (std::size_t i = 0; i < x.plans.size(); ++i) {
-      if (x.plans[i].first != y.plans[i].first || !(*x.plans[i].second == *y.plans[i].second)) {
-        out << x.origin << ": stored plan " << i << " differs";
-        return out.str();
+    const auto plans_differ = [&](const auto& xs, const auto& ys, const char* what) {
+      if (xs.size() != ys.size()) {
+        out << x.origin << ": " << xs.size() << " vs " << ys.size() << " " << what << "s";
+        return true;
       }
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        if (xs[i].first != ys[i].first || !(*xs[i].second == *ys[i].second)) {
+          out << x.origin << ": " << what << " " << i << " differs";
+          return true;
+        }
+      }
+      return false;
+    };
+    if (plans_differ(x.plans, y.plans, "stored plan") || plans_differ(x.attention, y.attention, "attention plan")) {
+      return out.str();
     }
     if (x.pending_graph != y.pending_graph || x.pending_legacy != y.pending_legacy) {
       out << x.origin << ": pending keys differ (" << x.pending() << " vs " << y.pending() << ")";

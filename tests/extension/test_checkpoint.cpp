@@ -25,6 +25,7 @@
 
 using namespace cudnn_cache;
 using Catch::Matchers::Contains;
+using cudnn_cache::testing::attention_key;
 using cudnn_cache::testing::candidate;
 using cudnn_cache::testing::conv_key;
 using cudnn_cache::testing::difference;
@@ -753,6 +754,94 @@ TEST_CASE("a file with a valid checksum but an invalid stored plan is rejected",
     key.input.nb_dims = 9;
     plans = {{key, std::make_shared<const StoredPlan>(stored_plan(4))}};
     reason = "stored plan 0";
+  }
+  CAPTURE(reason);
+  CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),
+             Contains("'forged.bin' is corrupt") && Contains(reason));
+}
+
+TEST_CASE("attention plans round-trip through a file and a JSON export, and a load reports them",
+          "[checkpoint][attention]") {
+  TemporaryFolder folder;
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  DirectionCaches& caches = store.caches(running_origin());
+  caches.attention.insert(attention_key(AttentionDirection::forward), stored_plan(3000));
+  AttentionKey dropout = attention_key(AttentionDirection::backward, 4, 77);
+  dropout.set_dropout_probability(0.1f);
+  dropout.is_causal = 1;
+  caches.attention.insert(dropout, stored_plan(12, 91901));
+  store.caches(other_cudnn_origin()).attention.insert(attention_key(AttentionDirection::forward, 1, 9), stored_plan(5));
+  const std::string path = folder.path() + "/attention.cache";
+  save(store, path);
+  CacheStore loaded;
+  const LoadReport report = load(loaded, path, kRunning);
+  CHECK(report.plans == 3);
+  CHECK(difference(snapshot(store), snapshot(loaded)) == "");
+  const auto plan = loaded.caches(running_origin()).attention.find(dropout);
+  REQUIRE(plan != nullptr);
+  CHECK(plan->cudnn_version == 91901);
+  CHECK(plan->bytes == stored_plan(12).bytes);
+  CHECK(loaded.caches(running_origin()).attention.find(attention_key(AttentionDirection::backward)) == nullptr);
+
+  const Checkpoint checkpoint = snapshot(store);
+  CHECK(difference(checkpoint, from_json(to_json(checkpoint), "export.json")) == "");
+}
+
+TEST_CASE("a merging save keeps the file's attention plans and replaces those the store has again",
+          "[checkpoint][attention]") {
+  TemporaryFolder folder;
+  const std::string path = folder.path() + "/shared.cache";
+  CacheStore first, second;
+  first.caches(running_origin()).attention.insert(attention_key(AttentionDirection::forward, 1), stored_plan(8));
+  first.caches(running_origin()).attention.insert(attention_key(AttentionDirection::forward, 2), stored_plan(8));
+  save(first, path);
+  second.caches(running_origin()).attention.insert(attention_key(AttentionDirection::forward, 2), stored_plan(9));
+  save(second, path);
+  CacheStore loaded;
+  load(loaded, path, kRunning);
+  const AttentionPlanStore& plans = loaded.caches(running_origin()).attention;
+  CHECK(plans.size() == 2);
+  REQUIRE(plans.find(attention_key(AttentionDirection::forward, 2)) != nullptr);
+  CHECK(plans.find(attention_key(AttentionDirection::forward, 2))->bytes.size() == 9);
+}
+
+TEST_CASE("a version-5 file, which has no attention plans, still loads, and cannot be written with them",
+          "[checkpoint][attention]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  Checkpoint checkpoint = snapshot(store);
+  checkpoint.header.format_version = 5;
+  const Checkpoint read = deserialize(serialize(checkpoint), "v5.bin");
+  CHECK(read.header.format_version == 5);
+  CHECK(difference(checkpoint, read) == "");
+
+  store.caches(running_origin()).attention.insert(attention_key(AttentionDirection::forward), stored_plan(4));
+  checkpoint = snapshot(store);
+  checkpoint.header.format_version = 5;
+  CHECK_THAT(error_of([&] { serialize(checkpoint); }), Contains("file format 5 cannot hold attention plans"));
+}
+
+TEST_CASE("a file with a valid checksum but an invalid attention plan is rejected", "[checkpoint][attention]") {
+  CacheStore store;
+  add_handcrafted_entries(store, running_origin());
+  Checkpoint checkpoint = snapshot(store);
+  auto& plans = checkpoint.sections[0].attention;
+  std::string reason;
+  SECTION("an invalid key") {
+    AttentionKey key = attention_key(AttentionDirection::forward);
+    key.data_type = CUDNN_DATA_DOUBLE;
+    plans = {{key, std::make_shared<const StoredPlan>(stored_plan(4))}};
+    reason = "attention plan 0: attention data type";
+  }
+  SECTION("plans out of order") {
+    plans = {{attention_key(AttentionDirection::forward, 2), std::make_shared<const StoredPlan>(stored_plan(4))},
+             {attention_key(AttentionDirection::forward, 2), std::make_shared<const StoredPlan>(stored_plan(4))}};
+    reason = "out of order or repeated";
+  }
+  SECTION("an empty plan") {
+    plans = {{attention_key(AttentionDirection::forward), std::make_shared<const StoredPlan>(stored_plan(0))}};
+    reason = "stored plan of 0 bytes";
   }
   CAPTURE(reason);
   CHECK_THAT(error_of([&] { deserialize(serialize(checkpoint), "forged.bin"); }),

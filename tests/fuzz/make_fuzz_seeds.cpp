@@ -63,6 +63,13 @@ Checkpoint sample(std::uint32_t version, std::size_t entries, std::uint64_t seed
       if (!section.forward.empty()) section.pending_graph.push_back(section.forward.front().first);
       if (!section.graph_forward.empty()) section.pending_legacy.push_back(section.graph_forward.front().first);
     }
+    if (version >= 6 && !section.plans.empty()) {  // an attention plan
+      AttentionKey key;
+      key.data_type = CUDNN_DATA_BFLOAT16;
+      key.stats = 1;
+      key.q = key.k = key.v = key.o = {{2, 4, 50, 64}, {12800, 64, 256, 1}};
+      section.attention.emplace_back(key, section.plans.front().second);
+    }
   }
   return checkpoint;
 }

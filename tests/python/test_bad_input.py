@@ -319,7 +319,7 @@ DAMAGE = {
     "flipped_payload_bit": (lambda data: data[:40] + bytes([data[40] ^ 4]) + data[41:], r"corrupt: checksum mismatch",
                             r"delete it"),
     "future_version": (lambda data: put_u32(data, VERSION_OFFSET, 99), r"written by a newer cudnn_cache \(file "
-                       r"format 99; this build reads 1 to 5\)", r"upgrade cudnn_cache"),
+                       r"format 99; this build reads 1 to 6\)", r"upgrade cudnn_cache"),
     "version_0": (lambda data: put_u32(data, VERSION_OFFSET, 0), r"corrupt: file format version 0 does not exist",
                   r"corrupt"),
     "trailing_bytes": (lambda data: data + b"extra", r"corrupt: 5 unexpected bytes after the checksum",
@@ -418,7 +418,7 @@ def test_save_into_a_read_only_folder_names_it(tmp_path, valid_file, cache_state
     pytest.param("not json", r"is not a valid cudnn_cache JSON export", id="not_json"),
     pytest.param("{}", r"is not a valid cudnn_cache JSON export", id="empty_object"),
     pytest.param('{"format_version": 99, "cudnn_version": 1, "cuda_runtime_version": 1, "sections": []}',
-                 r"format_version 99 \(this build reads 1 to 5\)", id="future_version"),
+                 r"format_version 99 \(this build reads 1 to 6\)", id="future_version"),
     pytest.param('{"format_version": 5, "cudnn_version": 1, "cuda_runtime_version": 1, "sections": [{}]}',
                  r"is not a valid cudnn_cache JSON export: at sections\[0\]: missing field 'origin'",
                  id="section_without_origin"),
@@ -444,7 +444,7 @@ def test_import_of_a_json_export_with_graph_entries_under_format_1_is_refused(cl
     assert exported.returncode == 0, exported.stderr
     assert '"graph_forward": [\n' in exported.stdout or '"graph_' in exported.stdout
     source = tmp_path / "v1.json"
-    source.write_text(exported.stdout.replace('"format_version": 5', '"format_version": 1', 1))
+    source.write_text(exported.stdout.replace('"format_version": 6', '"format_version": 1', 1))
     result = cli("import", source, "-o", tmp_path / "out.cache")
     assert result.returncode == 3 and "format_version 1 cannot hold graph-API entries" in result.stderr, result.stderr
 

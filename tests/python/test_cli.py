@@ -36,7 +36,7 @@ def test_validate_and_inspect_and_stats(cli, files, tmp_path):
     a, b = files
     result = cli("validate", a, b)
     assert result.returncode == 0, result.stderr
-    assert f"{a}: valid, 30 entries for 1 device/cuDNN origin(s); file format 5" in result.stdout
+    assert f"{a}: valid, 30 entries for 1 device/cuDNN origin(s); file format 6" in result.stdout
     assert f"{b}: valid, 40 entries" in result.stdout
 
     table = cli("inspect", a)
@@ -78,7 +78,7 @@ def test_json_export_and_import_round_trip(cli, files, tmp_path):
     exported = cli("export", a, "--json")
     assert exported.returncode == 0
     document = json.loads(exported.stdout)
-    assert document["format_version"] == 5 and len(document["sections"]) == 1
+    assert document["format_version"] == 6 and len(document["sections"]) == 1
     assert cli("export", a, "--json", "-o", tmp_path / "a.json").returncode == 0
     assert json.loads((tmp_path / "a.json").read_text()) == document
 

@@ -33,7 +33,9 @@ def intercept_state(cache_state):
 def test_intercept_registers_cuda_kernels_and_gives_them_back(intercept_state):
     cudnn_cache.intercept(False)
     native_backward = cuda_kernel_of("aten::convolution_backward")
+    native_attention = [cuda_kernel_of(f"aten::_cudnn_attention_{op}") for op in ("forward", "backward")]
     assert "intercept.cpp" not in native_backward and cuda_kernel_of("aten::convolution") == ""
+    assert all(kernel and "intercept.cpp" not in kernel for kernel in native_attention)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the expected override of PyTorch's kernel is not reported
         cudnn_cache.intercept(True)
@@ -41,9 +43,11 @@ def test_intercept_registers_cuda_kernels_and_gives_them_back(intercept_state):
     assert cudnn_cache.intercepting()
     assert "intercept.cpp" in cuda_kernel_of("aten::convolution")
     assert "intercept.cpp" in cuda_kernel_of("aten::convolution_backward")
+    assert all("intercept.cpp" in cuda_kernel_of(f"aten::_cudnn_attention_{op}") for op in ("forward", "backward"))
     cudnn_cache.intercept(False)
     assert not cudnn_cache.intercepting()
     assert cuda_kernel_of("aten::convolution") == "" and cuda_kernel_of("aten::convolution_backward") == native_backward
+    assert [cuda_kernel_of(f"aten::_cudnn_attention_{op}") for op in ("forward", "backward")] == native_attention
 
 
 def test_cpu_convolutions_are_untouched_while_intercepting(intercept_state):

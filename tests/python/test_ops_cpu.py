@@ -600,7 +600,8 @@ def test_stats_has_every_counter(cache_state):
     stats = cudnn_cache.stats()
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
                           "plans_deserialized", "plan_rebuilds", "plan_evictions", "capture_misses", "tune_waits",
-                          "lent", "plans", "entries"}
+                          "lent", "plans", "entries", "attention_plans_built", "attention_plans_restored",
+                          "attention_plan_rebuilds", "attention_build_us"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
     assert stats["entries"] == cudnn_cache.size() == 0 and stats["plans"] == 0
 
@@ -792,7 +793,7 @@ def test_load_save_round_trip(cache_state, synth_file, tool, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "valid, 50 entries" in result.stdout
     # The header's format version (little-endian u32 after the endianness byte and the 8-byte magic).
-    assert int.from_bytes(saved.read_bytes()[9:13], "little") == cudnn_cache.FORMAT_VERSION == 5
+    assert int.from_bytes(saved.read_bytes()[9:13], "little") == cudnn_cache.FORMAT_VERSION == 6
 
     cudnn_cache.clear()
     assert cudnn_cache.size() == 0

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_versions_are_readable():
     project = open(os.path.join(ROOT, "CMakeLists.txt")).read()
     assert re.search(r"project\(cudnn_cache VERSION (\S+)", project).group(1) == cudnn_cache.__version__
-    assert cudnn_cache.FORMAT_VERSION == torch.ops.cudnn_cache.format_version() == 5
+    assert cudnn_cache.FORMAT_VERSION == torch.ops.cudnn_cache.format_version() == 6
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("ninja") is None, reason="needs cmake and ninja")
@@ -37,5 +37,5 @@ def test_find_package_finds_the_installed_core_and_ops(build_dir, tmp_path):
         f"-DCMAKE_PREFIX_PATH={prefix};{torch.utils.cmake_prefix_path}")
     run("cmake", "--build", consumer)
     output = run(consumer / "consumer", tmp_path / "made.cache").stdout
-    assert "core: 12 entries for 1 device/cuDNN origin(s); file format 5" in output
-    assert "ops: format_version 5" in output
+    assert "core: 12 entries for 1 device/cuDNN origin(s); file format 6" in output
+    assert "ops: format_version 6" in output

@@ -12,6 +12,7 @@
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/descriptors.h"
 #include "cudnn_cache/runtime.h"
+#include "attention.h"
 #include "cuda/context.h"
 #include "problem.h"
 
@@ -205,11 +206,19 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("tune_waits", static_cast<std::int64_t>(s.tune_waits));
   result.insert("lent", static_cast<std::int64_t>(s.lent));
   result.insert("plans", static_cast<std::int64_t>(s.plans));
+  const AttentionCounters& attention = attention_counters();  // Note [Persisted attention plans]
+  result.insert("attention_plans_built", static_cast<std::int64_t>(attention.built.load()));
+  result.insert("attention_plans_restored", static_cast<std::int64_t>(attention.restored.load()));
+  result.insert("attention_plan_rebuilds", static_cast<std::int64_t>(attention.rebuilds.load()));
+  result.insert("attention_build_us", static_cast<std::int64_t>(attention.build_us.load()));
   result.insert("entries", size());
   return result;
 }
 
-void reset_stats() { Runtime::instance().reset_stats(); }
+void reset_stats() {
+  Runtime::instance().reset_stats();
+  attention_counters().reset();
+}
 
 std::int64_t format_version() { return kFormatVersion; }
 

@@ -390,8 +390,10 @@ def stats() -> Dict[str, int]:
     and plan_rebuilds (stored plans restored, and those rebuilt instead); plan_evictions (plans evicted by
     the plan cache's limit); capture_misses; tune_waits (misses that waited for another thread's search of
     the same key instead of searching it again); lent (keys the 'nearest' miss policy lent a neighbour's
-    choice); and, not counters, plans (graph-API execution plans in memory now, at most plan_cache_limit()) and
-    entries now cached."""
+    choice); attention_plans_built, attention_plans_restored, attention_plan_rebuilds and attention_build_us
+    (cuDNN attention plans compiled, restored from a file, or compiled again where this cuDNN rejected the stored
+    bytes, and the time it took); and, not counters, plans (graph-API execution plans in memory now, at most
+    plan_cache_limit()) and entries now cached."""
     return dict(_ops.stats())
 
 

@@ -50,7 +50,7 @@ class PendingKeys {
 };
 
 // The perf caches of one origin: the legacy algorithms' and the graph API's engine configs, per direction;
-// and the serialized plans of runtime-compiled engine configs (Note [Stored plans]).
+// the serialized plans of runtime-compiled engine configs (Note [Stored plans]) and of attention graphs.
 struct DirectionCaches {
   PerfCache<ForwardTraits> forward;
   PerfCache<BackwardDataTraits> backward_data;
@@ -60,6 +60,7 @@ struct DirectionCaches {
   PerfCache<GraphBackwardFilterTraits> graph_backward_filter;
   PlanStore plans;
   PendingKeys pending;  // Note [Pending keys]
+  AttentionPlanStore attention;  // Note [Persisted attention plans] in attention.h
 
   // The cache of the backend and direction Traits describes.
   template <typename Traits>
@@ -97,6 +98,7 @@ struct DirectionCaches {
     graph_backward_filter.clear();
     plans.clear();
     pending.clear();
+    attention.clear();
   }
 };
 

@@ -22,9 +22,10 @@ namespace cudnn_cache {
 // version 2), and each origin's pending keys follow its stored plans (Note [Pending keys] in cache_store.h):
 // earlier builds cannot read them, hence the new number. Version 5 engine configs carry cuDNN's numerical notes
 // (EngineCandidate::numerical_notes, class version 3), so that deterministic calls can run the deterministic
-// ones (Note [Deterministic calls] in runtime.h). (A file of an older format written by this build, as the
-// reader's tests write them, has what this build writes.)
-inline constexpr std::uint32_t kFormatVersion = 5;
+// ones (Note [Deterministic calls] in runtime.h). Version 6 adds each origin's stored attention plans after its
+// pending keys (Note [Persisted attention plans] in attention.h). (A file of an older format written by this
+// build, as the reader's tests write them, has what this build writes.)
+inline constexpr std::uint32_t kFormatVersion = 6;
 
 // The first bytes of every cache file after cereal's endianness byte.
 inline constexpr std::array<char, 8> kMagic = {'C', 'D', 'N', 'N', 'C', 'A', 'C', 'H'};
@@ -48,6 +49,7 @@ struct CheckpointSection {
   std::vector<PlanStore::Entry> plans;  // sorted by key
   // Keys met and not tuned, of the graph API's caches and the legacy ones, sorted (Note [Pending keys]).
   std::vector<ConvolutionKey> pending_graph, pending_legacy;
+  std::vector<AttentionPlanStore::Entry> attention;  // stored attention plans, sorted by key
 
   template <typename Traits>
   std::vector<typename PerfCache<Traits>::Entry>& entries() {
@@ -95,7 +97,7 @@ void merge_into(CacheStore& store, Checkpoint checkpoint);
 
 // The file's bytes for a checkpoint, in the format version its header names (kFormatVersion from snapshot).
 // Throws Error if that version cannot hold its content (graph-API entries need version 2, stored plans 3,
-// pending keys 4).
+// pending keys 4, attention plans 6).
 std::string serialize(const Checkpoint& checkpoint);
 
 // A file's bytes for a header and payload bytes taken as they are: the header, the payload and the checksum

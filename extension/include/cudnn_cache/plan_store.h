@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "cudnn_cache/attention.h"
 #include "cudnn_cache/key.h"
 #include "cudnn_cache/perf_cache.h"
 
@@ -40,6 +41,7 @@ inline constexpr std::size_t kMaxStoredPlanBytes = std::size_t{16} << 20;
 // One engine config's serialized execution plan for one key.
 struct StoredPlan {
   EngineCandidate config;          // the config the plan is of (its engine and knobs; the rest is not used)
+                                   // for a convolution; an attention plan's is its engine's
   std::uint32_t cudnn_version = 0;  // cudnnGetVersion() of the process that built it
   std::vector<std::uint8_t> bytes;  // cudnn-frontend's serialization
 
@@ -48,20 +50,22 @@ struct StoredPlan {
   }
 };
 
-// The stored plans of one origin, at most one per key. Safe to use from many threads at once.
-class PlanStore {
+// The stored plans of one origin, at most one per key: of convolutions (PlanStore) and of attention graphs
+// (AttentionPlanStore, Note [Persisted attention plans] in attention.h). Safe to use from many threads at once.
+template <typename Key>
+class StoredPlans {
  public:
-  using Entry = std::pair<ConvolutionKey, std::shared_ptr<const StoredPlan>>;
+  using Entry = std::pair<Key, std::shared_ptr<const StoredPlan>>;
 
   // Stores the plan for the key, replacing the one there.
-  void insert(const ConvolutionKey& key, StoredPlan plan) {
+  void insert(const Key& key, StoredPlan plan) {
     auto stored = std::make_shared<const StoredPlan>(std::move(plan));
     std::unique_lock lock(mutex_);
     plans_[key] = std::move(stored);
   }
 
   // The plan stored for the key, or null.
-  std::shared_ptr<const StoredPlan> find(const ConvolutionKey& key) const {
+  std::shared_ptr<const StoredPlan> find(const Key& key) const {
     std::shared_lock lock(mutex_);
     const auto found = plans_.find(key);
     return found == plans_.end() ? nullptr : found->second;
@@ -85,7 +89,10 @@ class PlanStore {
 
  private:
   mutable std::shared_mutex mutex_;
-  std::map<ConvolutionKey, std::shared_ptr<const StoredPlan>> plans_;
+  std::map<Key, std::shared_ptr<const StoredPlan>> plans_;
 };
+
+using PlanStore = StoredPlans<ConvolutionKey>;
+using AttentionPlanStore = StoredPlans<AttentionKey>;
 
 }  // namespace cudnn_cache

@@ -91,6 +91,26 @@ void serialize(Archive& archive, ConvolutionKey& key, std::uint32_t const /*vers
   }
 }
 
+template <class Archive>
+void serialize(Archive& archive, AttentionOperand& operand, std::uint32_t const /*version*/) {
+  archive(CEREAL_NVP_("dims", operand.dims), CEREAL_NVP_("strides", operand.strides));
+}
+
+// As a ConvolutionKey: one block of words in binary archives, every field 64 bits wide; fields by name in text.
+template <class Archive>
+void serialize(Archive& archive, AttentionKey& key, std::uint32_t const /*version*/) {
+  if constexpr (is_binary_archive<Archive>) {
+    archive(cereal::binary_data(reinterpret_cast<std::int64_t*>(&key), sizeof key));
+  } else {
+    archive(CEREAL_NVP_("direction", key.direction), CEREAL_NVP_("data_type", key.data_type),
+            CEREAL_NVP_("is_causal", key.is_causal), CEREAL_NVP_("stats", key.stats),
+            CEREAL_NVP_("dropout_bits", key.dropout_bits), CEREAL_NVP_("q", key.q), CEREAL_NVP_("k", key.k),
+            CEREAL_NVP_("v", key.v), CEREAL_NVP_("o", key.o), CEREAL_NVP_("bias", key.bias),
+            CEREAL_NVP_("d_o", key.d_o), CEREAL_NVP_("d_q", key.d_q), CEREAL_NVP_("d_k", key.d_k),
+            CEREAL_NVP_("d_v", key.d_v));
+  }
+}
+
 // CUDA names devices in printable ASCII. Anything else (a NUL, a control character, a stray byte) cannot be a
 // real name and would not survive the JSON export: cereal's JSON reader ends a string at its first NUL (the
 // fuzzer found such a file). So names are checked on save and on load.
@@ -321,6 +341,8 @@ CEREAL_CLASS_VERSION(cudnn_cache::TensorKey, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::FilterKey, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::ConvolutionDescriptorKey, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::ConvolutionKey, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::AttentionOperand, 1)
+CEREAL_CLASS_VERSION(cudnn_cache::AttentionKey, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::DeviceIdentity, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Origin, 1)
 CEREAL_CLASS_VERSION(cudnn_cache::Candidate<cudnn_cache::ForwardTraits>, 1)

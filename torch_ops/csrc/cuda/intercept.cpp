@@ -20,7 +20,8 @@
 //
 // aten::convolution_backward has a CUDA kernel of PyTorch's already: registering ours overrides it (and
 // destroying the library restores it). The dispatcher warns about overrides; that one is expected, so it is
-// silenced for the registration only.
+// silenced for the registration only. The same library overrides PyTorch's cuDNN attention kernels (Note
+// [Intercepting PyTorch's cuDNN attention] in attention.cpp).
 
 #include <ATen/ATen.h>
 #include <ATen/ops/convolution_backward_native.h>
@@ -31,6 +32,7 @@
 #include <memory>
 #include <mutex>
 
+#include "../attention.h"
 #include "../convolution.h"
 #include "../routing.h"
 
@@ -85,6 +87,7 @@ void set_intercept(bool enabled) {
                                                       __FILE__, __LINE__);
   registering->impl("convolution", TORCH_FN(convolution));
   registering->impl("convolution_backward", TORCH_FN(convolution_backward));
+  register_attention(*registering);  // Note [Intercepting PyTorch's cuDNN attention] in attention.cpp
   library = std::move(registering);
 }
 
