@@ -601,9 +601,9 @@ def test_stats_has_every_counter(cache_state):
     assert set(stats) == {"hits", "misses", "tunes", "fallbacks", "tune_us", "plans_built", "plan_build_us",
                           "plans_deserialized", "plan_rebuilds", "plan_evictions", "capture_misses", "tune_waits",
                           "lent", "plans", "entries", "attention_plans_built", "attention_plans_restored",
-                          "attention_plan_rebuilds", "attention_build_us"}
+                          "attention_plan_rebuilds", "attention_build_us", "attention_plans"}
     assert all(type(value) is int and value >= 0 for value in stats.values())
-    assert stats["entries"] == cudnn_cache.size() == 0 and stats["plans"] == 0
+    assert stats["entries"] == cudnn_cache.size() == 0 and stats["plans"] == 0 and stats["attention_plans"] == 0
 
 
 def test_backend_defaults_to_graph_and_round_trips(cache_state):

@@ -211,6 +211,11 @@ c10::Dict<std::string, std::int64_t> stats() {
   result.insert("attention_plans_restored", static_cast<std::int64_t>(attention.restored.load()));
   result.insert("attention_plan_rebuilds", static_cast<std::int64_t>(attention.rebuilds.load()));
   result.insert("attention_build_us", static_cast<std::int64_t>(attention.build_us.load()));
+  std::int64_t attention_plans = 0;  // stored, over every origin: not a counter
+  for (const auto& [origin, caches] : Runtime::instance().store().origins()) {
+    attention_plans += static_cast<std::int64_t>(caches->attention.size());
+  }
+  result.insert("attention_plans", attention_plans);
   result.insert("entries", size());
   return result;
 }

@@ -393,7 +393,7 @@ def stats() -> Dict[str, int]:
     choice); attention_plans_built, attention_plans_restored, attention_plan_rebuilds and attention_build_us
     (cuDNN attention plans compiled, restored from a file, or compiled again where this cuDNN rejected the stored
     bytes, and the time it took); and, not counters, plans (graph-API execution plans in memory now, at most
-    plan_cache_limit()) and entries now cached."""
+    plan_cache_limit()), attention_plans (attention plans stored now) and entries now cached."""
     return dict(_ops.stats())
 
 

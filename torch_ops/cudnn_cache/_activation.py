@@ -130,10 +130,12 @@ def activate(value: str) -> Optional[pathlib.Path]:
 
 def _content() -> List[object]:
     """The digests of every entry of the cache (origin, cache, key, ranking, stored plan), sorted, then its pending
-    keys (Note [Pending keys]), sorted: equal lists, equal caches."""
+    keys (Note [Pending keys]), sorted, then how many attention plans it stores (a store only gains them):
+    equal lists, equal caches."""
     from . import distributed
 
-    return [sorted(torch.ops.cudnn_cache.inventory()[2][:, 2].tolist()), sorted(distributed.recorded_misses())]
+    return [sorted(torch.ops.cudnn_cache.inventory()[2][:, 2].tolist()), sorted(distributed.recorded_misses()),
+            torch.ops.cudnn_cache.stats()["attention_plans"]]
 
 
 def _save_at_exit() -> None:
@@ -142,7 +144,7 @@ def _save_at_exit() -> None:
     no concern of it."""
     import cudnn_cache  # imported already: activate() ran at the end of the package's import
 
-    if _active is None or _content() in (_loaded, [[], []]):
+    if _active is None or _content() in (_loaded, [[], [], 0]):
         return
     try:
         _active.parent.mkdir(parents=True, exist_ok=True)
