@@ -24,6 +24,7 @@
 #include <ATen/ops/_cudnn_attention_backward_native.h>
 #include <ATen/ops/_cudnn_attention_forward_native.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -152,6 +153,7 @@ ForwardResult attention_forward(const at::Tensor& q, const at::Tensor& k, const 
                                                 dropout_p, is_causal, return_debug_mask, scale);
   };
   if (!takes(q, k, v, cum_q)) return native();
+  const c10::cuda::CUDAGuard guard(q.device());  // the dispatcher sets no device for an overriding kernel
   const std::int64_t b = q.size(0), h = q.size(1), s_q = q.size(2), s_kv = k.size(2), d_v = v.size(3);
   std::optional<at::Tensor> bias;
   if (attn_bias.has_value() && attn_bias->defined()) {
@@ -206,6 +208,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
       logsumexp.scalar_type() != at::kFloat) {
     return native();
   }
+  const c10::cuda::CUDAGuard guard(q.device());
   const std::int64_t s_q = q.size(2), s_kv = k.size(2);
   std::optional<at::Tensor> bias;
   if (attn_bias.defined()) {
