@@ -210,7 +210,7 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
         if theirs["origin"] is not None:
             peers.setdefault(tuple(theirs["origin"]), []).append(r)
     held_ids: Set[int] = {key_id for theirs in everyone for key_id, _ in theirs["held"]}
-    needed = sorted({problem for r in peers.get(origin, []) for problem in map(_as_problem, everyone[r]["needs"])})
+    needed = sorted({problem for r in peers.get(origin, []) for problem in everyone[r]["needs"]})
     untuned = [problem for problem in needed if _key_id(origin, *problem) not in held_ids]
     assignment = split(untuned, peers[origin]).get(rank, []) if origin is not None else []
 
@@ -220,7 +220,7 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
         try:
             tune(backend, key)
         except Exception as error:  # noqa: BLE001 -- reported; raising would leave the other ranks waiting
-            failed.append((backend, key, str(error).splitlines()[0] if str(error) else type(error).__name__))
+            failed.append((backend, key, _reason(error)))
     tuned = time.perf_counter()
 
     # 3. Send each entry some receiving rank lacks, once (by the lowest rank holding it), and all new ones.
@@ -278,14 +278,10 @@ def _checked_origin(origin) -> Origin:
     return origin
 
 
-def _as_problem(problem) -> Problem:
-    backend, key = problem
-    return backend, tuple(key)
-
-
 def _checked_problem(problem) -> Problem:
     try:
-        backend, key = _as_problem(problem)
+        backend, key = problem
+        key = tuple(key)
     except (TypeError, ValueError):
         raise ValueError(f"cudnn_cache.distributed.sync: a problem is (backend, key), e.g. ('graph', "
                          f"cudnn_cache.conv_key(...)); got {problem!r}") from None
@@ -296,3 +292,9 @@ def _checked_problem(problem) -> Problem:
         raise ValueError(f"cudnn_cache.distributed.sync: a key is the {_KEY_WORDS} ints conv_key() "
                          f"returns; got {len(key)} values")
     return backend, key
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of an error, without the C++ frames PyTorch may append."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text or type(error).__name__
