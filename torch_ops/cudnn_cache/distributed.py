@@ -15,13 +15,11 @@ identity tunes about 1/N of them, and the entries are all-gathered, so every ran
     if dist.get_rank() == 0:
         cudnn_cache.save("convs.cache")                # merged with the file, under its lock
 
-The protocol is Note [Sharing tuning between processes] (extension/include/cudnn_cache/exchange.h). A rank's
-identity is its GPU (name, compute capability, SM count) and cuDNN major.minor: ranks of one identity share
-tuning among themselves only, since a ranking is valid only where it was measured. A mixed job forms one
-sharing set per identity. Entries of other identities are received too (unless ``keep_other_origins=False``)
-and kept under their own origin, where this process never uses them but saves them, so one file serves a
-mixed fleet. Works on any torch.distributed backend; with NCCL the bytes travel in CUDA tensors on the
-current device, and ``all_gather_object`` needs ``torch.cuda.set_device`` to have been called.
+The protocol is Note [Sharing tuning between processes] (extension/include/cudnn_cache/exchange.h); the guide
+is docs/DISTRIBUTED.md. Ranks share tuning only with ranks of their identity (GPU name, compute capability, SM
+count, cuDNN major.minor), since a ranking is valid only where it was measured; other identities' entries are
+received too (unless ``keep_other_origins=False``) and kept under their own origin, unused here but saved. With
+NCCL the bytes travel in CUDA tensors on the current device, so call ``torch.cuda.set_device`` first.
 
 Without an initialised process group, sync() is a world of one: it tunes every recorded miss itself.
 """

@@ -37,6 +37,7 @@ in the core, which has no TLS. So the remote layer is Python's: a LibTorch proce
 """
 
 import dataclasses
+import itertools
 import socket
 import time
 import urllib.parse
@@ -164,20 +165,14 @@ def _bytes(tensor: torch.Tensor) -> bytes:
 def split(data: bytes, source: str) -> List[Tuple[str, str, bytes]]:
     """Every entry of a checkpoint (a cache file's bytes) on its own: (name, its origin in words, bytes)."""
     names, origins, blob, ends = _ops.split_entries(_tensor(data), source)
-    raw, result, begin = _bytes(blob), [], 0
-    for name, origin, end in zip(names, origins, ends):
-        result.append((name, origin, raw[begin:end]))
-        begin = end
-    return result
+    raw = _bytes(blob)
+    return [(name, origin, raw[begin:end]) for name, origin, begin, end in zip(names, origins, [0, *ends], ends)]
 
 
 def merge(blobs: List[bytes], names: List[str], source: str) -> Tuple[bytes, List[Tuple[int, str]]]:
     """The checkpoint of the single-entry checkpoints `blobs` merged, each checked to be the entry of its
     name; and (index, reason) for each left out."""
-    ends, total = [], 0
-    for blob in blobs:
-        total += len(blob)
-        ends.append(total)
+    ends = list(itertools.accumulate(len(blob) for blob in blobs))
     merged, refused, reasons = _ops.merge_entries(_tensor(b"".join(blobs)), ends, names, source)
     return _bytes(merged), list(zip(refused, reasons))
 
