@@ -15,7 +15,7 @@ GPU. Each worker starts with an empty cache, tunes its share one key after anoth
 of --max-seconds), and saves into the file with cudnn_cache.save's merge under the file's lock, as any
 processes sharing a file do; a key another worker saved meanwhile stays. The parent loads the file again
 afterwards, so it holds what every worker tuned. Nothing here runs inside a training process: the workers are
-started by the command lines only. With one job the keys are tuned in the calling process, as before.
+started by the command lines only. With one job the keys are tuned in the calling process.
 """
 
 import argparse

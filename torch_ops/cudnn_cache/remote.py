@@ -158,14 +158,10 @@ def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
-def _bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.numpy().tobytes()
-
-
 def split(data: bytes, source: str) -> List[Tuple[str, str, bytes]]:
     """Every entry of a checkpoint (a cache file's bytes) on its own: (name, its origin in words, bytes)."""
     names, origins, blob, ends = _ops.split_entries(_tensor(data), source)
-    raw = _bytes(blob)
+    raw = blob.numpy().tobytes()
     return [(name, origin, raw[begin:end]) for name, origin, begin, end in zip(names, origins, [0, *ends], ends)]
 
 
@@ -174,7 +170,7 @@ def merge(blobs: List[bytes], names: List[str], source: str) -> Tuple[bytes, Lis
     name; and (index, reason) for each left out."""
     ends = list(itertools.accumulate(len(blob) for blob in blobs))
     merged, refused, reasons = _ops.merge_entries(_tensor(b"".join(blobs)), ends, names, source)
-    return _bytes(merged), list(zip(refused, reasons))
+    return merged.numpy().tobytes(), list(zip(refused, reasons))
 
 
 class ServerError(Exception):
