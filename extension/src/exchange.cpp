@@ -16,39 +16,42 @@ constexpr Backend backend_of() {
   return is_graph<Traits> ? Backend::graph : Backend::legacy;
 }
 
-// The stored plan of the key in the section, or null.
+// The stored plan of the key in the section, or null; only graph entries have one.
+template <typename Traits>
 const StoredPlan* plan_of(const CheckpointSection& section, const ConvolutionKey& key) {
+  if constexpr (!is_graph<Traits>) return nullptr;
   const auto found =
       std::lower_bound(section.plans.begin(), section.plans.end(), key,
                        [](const PlanStore::Entry& entry, const ConvolutionKey& k) { return entry.first < k; });
   return found != section.plans.end() && found->first == key ? found->second.get() : nullptr;
 }
 
-// The digest of an entry: the file's checksum (Note [Checksum]) over the portable archive of everything it is.
-template <typename Traits>
-std::uint64_t digest(const Origin& origin, const ConvolutionKey& key, const Ranking<Traits>& ranking,
-                     const StoredPlan* plan) {
-  std::ostringstream bytes(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive archive(bytes);
-    archive(origin, static_cast<std::int32_t>(backend_of<Traits>()), key, ranking, plan != nullptr);
-    if (plan) archive(*plan);
-  }
-  const std::string text = std::move(bytes).str();
-  return checksum(text.data(), text.size());
-}
-
-// The file's checksum over the portable archive of `values`, as 16 hex digits.
+// The file's checksum (Note [Checksum]) over the portable archive of `values`.
 template <typename... Values>
-std::string tag_of(const Values&... values) {
+std::uint64_t archive_checksum(const Values&... values) {
   std::ostringstream bytes(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive archive(bytes);
     archive(values...);
   }
   const std::string text = std::move(bytes).str();
+  return checksum(text.data(), text.size());
+}
+
+// The digest of an entry: the checksum of everything it is.
+template <typename Traits>
+std::uint64_t digest(const Origin& origin, const ConvolutionKey& key, const Ranking<Traits>& ranking,
+                     const StoredPlan* plan) {
+  const auto backend = static_cast<std::int32_t>(backend_of<Traits>());
+  return plan ? archive_checksum(origin, backend, key, ranking, true, *plan)
+              : archive_checksum(origin, backend, key, ranking, false);
+}
+
+// archive_checksum as 16 hex digits.
+template <typename... Values>
+std::string tag_of(const Values&... values) {
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum(text.data(), text.size())));
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(archive_checksum(values...)));
   return hex;
 }
 
@@ -64,7 +67,7 @@ std::vector<EntryRecord> inventory(const Checkpoint& checkpoint) {
     for_each_cache([&](auto traits) {
       using Traits = decltype(traits);
       for (const auto& [key, ranking] : section.entries<Traits>()) {
-        const StoredPlan* plan = backend_of<Traits>() == Backend::graph ? plan_of(section, key) : nullptr;
+        const StoredPlan* plan = plan_of<Traits>(section, key);
         records.push_back({section.origin, backend_of<Traits>(), key, digest(section.origin, key, ranking, plan)});
       }
     });
@@ -82,7 +85,7 @@ Checkpoint select(const Checkpoint& checkpoint, const std::unordered_set<std::ui
       using Traits = decltype(traits);
       for (const auto& entry : section.entries<Traits>()) {
         const auto& [key, ranking] = entry;
-        const StoredPlan* plan = backend_of<Traits>() == Backend::graph ? plan_of(section, key) : nullptr;
+        const StoredPlan* plan = plan_of<Traits>(section, key);
         if (digests.count(digest(section.origin, key, ranking, plan)) == 0) continue;
         chosen.entries<Traits>().push_back(entry);
         if (plan) chosen.plans.emplace_back(key, std::make_shared<const StoredPlan>(*plan));
@@ -111,10 +114,8 @@ std::vector<SingleEntry> split_entries(const Checkpoint& checkpoint) {
         CheckpointSection& alone = single.checkpoint.sections.emplace_back();
         alone.origin = section.origin;
         alone.entries<Traits>().push_back(entry);
-        if (backend_of<Traits>() == Backend::graph) {
-          if (const StoredPlan* plan = plan_of(section, key)) {
-            alone.plans.emplace_back(key, std::make_shared<const StoredPlan>(*plan));
-          }
+        if (const StoredPlan* plan = plan_of<Traits>(section, key)) {
+          alone.plans.emplace_back(key, std::make_shared<const StoredPlan>(*plan));
         }
         result.push_back(std::move(single));
       }

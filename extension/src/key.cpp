@@ -13,22 +13,12 @@ namespace {
 
 constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
 
-template <typename Int, std::size_t N>
-void print_list(std::ostream& out, const std::array<Int, N>& values, int count) {
+// The first `count` values, as "[1, 2, 3]".
+template <typename Values>
+void print_list(std::ostream& out, const Values& values, int count) {
   out << '[';
   for (int i = 0; i < count; ++i) out << (i ? ", " : "") << values[i];
   out << ']';
-}
-
-void print_span(std::ostream& out, IntSpan values) {
-  out << '[';
-  for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-  out << ']';
-}
-
-bool is_supported_compute_type(std::int32_t type) {
-  return type == CUDNN_DATA_FLOAT || type == CUDNN_DATA_DOUBLE || type == CUDNN_DATA_HALF ||
-         type == CUDNN_DATA_BFLOAT16;
 }
 
 void check_data_type(cudnnDataType_t data_type, const char* name) {
@@ -39,17 +29,18 @@ void check_data_type(cudnnDataType_t data_type, const char* name) {
 // Checks a rank-3/4/5 size list and returns it as cuDNN dims, rank 3 carried as rank 4 (Note [Canonical keys]).
 int to_dims(IntSpan sizes, const char* name, std::array<std::int32_t, kMaxTensorDims>& dims) {
   const auto rank = sizes.size();
+  const auto sizes_text = [&] {
+    std::ostringstream text;
+    print_list(text, sizes, static_cast<int>(rank));
+    return text.str();
+  };
   if (rank < 3 || rank > 5) {
-    std::ostringstream sizes_text;
-    print_span(sizes_text, sizes);
-    throw Error(detail::concat(name, " has ", rank, " dimensions ", sizes_text.str(),
+    throw Error(detail::concat(name, " has ", rank, " dimensions ", sizes_text(),
                                "; cuDNN convolutions take 3-D (N, C, L), 4-D (N, C, H, W) or 5-D (N, C, D, H, W)"));
   }
   for (std::size_t i = 0; i < rank; ++i) {
     if (sizes[i] < 1 || sizes[i] > kInt32Max) {
-      std::ostringstream sizes_text;
-      print_span(sizes_text, sizes);
-      throw Error(detail::concat(name, " sizes ", sizes_text.str(), ": every size must be in [1, 2^31 - 1]; ",
+      throw Error(detail::concat(name, " sizes ", sizes_text(), ": every size must be in [1, 2^31 - 1]; ",
                                  sizes[i] < 1 ? "empty tensors have no cuDNN convolution"
                                               : "split the tensor to stay within cuDNN's 32-bit sizes"));
     }
@@ -217,7 +208,7 @@ ConvolutionDescriptorKey make_convolution_descriptor_key(IntSpan padding, IntSpa
   CUDNN_CACHE_REQUIRE(groups >= 1 && groups <= kInt32Max, "convolution: groups is ", groups, "; it must be >= 1");
   CUDNN_CACHE_REQUIRE(convolution_mode_name(mode) != nullptr, "convolution: mode ", static_cast<int>(mode),
                       " is not a cudnnConvolutionMode_t");
-  CUDNN_CACHE_REQUIRE(is_supported_compute_type(compute_type), "convolution: compute type ",
+  CUDNN_CACHE_REQUIRE(is_supported_data_type(compute_type), "convolution: compute type ",
                       data_type_name(compute_type), " is not supported; use float or double");
   CUDNN_CACHE_REQUIRE(math_type_name(math_type) != nullptr, "convolution: math type ",
                       static_cast<int>(math_type), " is not a cudnnMathType_t");
@@ -355,7 +346,7 @@ std::string check_key(const ConvolutionKey& key) {
     }
   }
   if (!convolution_mode_name(c.mode)) return detail::concat("convolution: mode ", c.mode, " is not a cudnnConvolutionMode_t");
-  if (!is_supported_compute_type(c.compute_type)) return detail::concat("convolution: compute type ", c.compute_type);
+  if (!is_supported_data_type(c.compute_type)) return detail::concat("convolution: compute type ", c.compute_type);
   if (!math_type_name(c.math_type)) return detail::concat("convolution: math type ", c.math_type);
   if (c.groups < 1) return detail::concat("convolution: groups ", c.groups);
   try {

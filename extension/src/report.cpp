@@ -206,16 +206,11 @@ MergeResult merge(const std::vector<Checkpoint>& checkpoints) {
   return result;
 }
 
-std::string to_string(const EntryDifference& difference) {
-  std::ostringstream out;
-  out << difference.cache << " on " << difference.origin << ": " << difference.key << ": " << difference.first << " | "
-      << difference.second;
-  return out.str();
-}
-
 std::vector<std::string> difference_lines(const std::vector<EntryDifference>& differences) {
   std::vector<std::string> lines;
-  for (const EntryDifference& difference : differences) lines.push_back(to_string(difference));
+  for (const EntryDifference& d : differences) {
+    lines.push_back(detail::concat(d.cache, " on ", d.origin, ": ", d.key, ": ", d.first, " | ", d.second));
+  }
   return lines;
 }
 

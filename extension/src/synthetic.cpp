@@ -113,6 +113,24 @@ Ranking<Traits> random_engine_ranking(std::mt19937_64& random) {
   return Ranking<Traits>::of(candidates.begin(), candidates.end());
 }
 
+// Inserts a random ranking of the backend's kind for `key` into its cache (merged with what the key holds), or
+// with `only_new` nothing where the cache holds the key, drawing nothing from `random`.
+void insert_random_ranking(DirectionCaches& caches, bool graph, const ConvolutionKey& key, std::mt19937_64& random,
+                           bool only_new) {
+  const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
+  for_each_cache([&](auto traits) {
+    using Traits = decltype(traits);
+    if (static_cast<std::int32_t>(Traits::direction) != key.direction || is_graph<Traits> != graph) return;
+    PerfCache<Traits>& cache = caches.get<Traits>();
+    if (only_new && cache.find(key)) return;
+    if constexpr (is_graph<Traits>) {
+      cache.insert(key, random_engine_ranking<Traits>(random));
+    } else {
+      cache.insert(key, random_ranking<Traits>(random, math_type));
+    }
+  });
+}
+
 }  // namespace
 
 Origin synthetic_origin() {
@@ -128,19 +146,7 @@ void add_synthetic_entries(CacheStore& store, const Origin& origin, std::size_t 
   while (caches.size() < target) {
     const auto direction = static_cast<Direction>(std::uniform_int_distribution<int>(0, kDirectionCount - 1)(random));
     const bool graph = std::uniform_int_distribution<int>(0, 1)(random) == 1;
-    const ConvolutionKey key = random_key(random, direction);
-    const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
-    for_each_cache([&](auto traits) {
-      using Traits = decltype(traits);
-      if (Traits::direction != direction || is_graph<Traits> != graph) return;
-      PerfCache<Traits>& cache = caches.get<Traits>();
-      if (cache.find(key)) return;
-      if constexpr (is_graph<Traits>) {
-        cache.insert(key, random_engine_ranking<Traits>(random));
-      } else {
-        cache.insert(key, random_ranking<Traits>(random, math_type));
-      }
-    });
+    insert_random_ranking(caches, graph, random_key(random, direction), random, true);
   }
 }
 
@@ -157,17 +163,7 @@ std::size_t write_synthetic_file(const std::string& path, std::size_t entries, s
 void add_synthetic_ranking(CacheStore& store, const Origin& origin, bool graph, const ConvolutionKey& key,
                            std::uint64_t seed) {
   std::mt19937_64 random(seed);
-  DirectionCaches& caches = store.caches(origin);
-  const auto math_type = static_cast<cudnnMathType_t>(key.convolution.math_type);
-  for_each_cache([&](auto traits) {
-    using Traits = decltype(traits);
-    if (static_cast<std::int32_t>(Traits::direction) != key.direction || is_graph<Traits> != graph) return;
-    if constexpr (is_graph<Traits>) {
-      caches.get<Traits>().insert(key, random_engine_ranking<Traits>(random));
-    } else {
-      caches.get<Traits>().insert(key, random_ranking<Traits>(random, math_type));
-    }
-  });
+  insert_random_ranking(store.caches(origin), graph, key, random, false);
 }
 
 }  // namespace cudnn_cache

@@ -239,7 +239,7 @@ TEST_CASE("diff tells entries of one side, entries of both with another best, an
   CHECK(result.only_second[0].cache == "legacy backward_filter");
   CHECK(result.only_first.empty());
   CHECK(result.same == a.size() - 1);
-  CHECK_THAT(to_string(result.different_best[0]), Contains("graph forward on") && Contains(" | "));
+  CHECK_THAT(difference_lines(result.different_best)[0], Contains("graph forward on") && Contains(" | "));
 
   const CheckpointDiff reverse = diff(snapshot(changed), a);
   CHECK(reverse.only_first.size() == 1);

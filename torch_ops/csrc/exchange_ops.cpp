@@ -20,39 +20,37 @@
 namespace cudnn_cache::torch_ops {
 namespace {
 
-using OriginTable = std::tuple<std::vector<std::string>, std::vector<std::int64_t>>;
-
 std::vector<std::int64_t> origin_numbers(const Origin& origin) {
   const DeviceIdentity& d = origin.device;
   return {d.compute_capability_major, d.compute_capability_minor, d.multiprocessor_count, origin.cudnn_major,
           origin.cudnn_minor};
 }
 
-// Assigns each distinct origin an index in the table, in order of first use.
-class OriginIndex {
- public:
-  std::int64_t operator()(const Origin& origin) {
-    const auto [slot, added] = indices_.try_emplace(origin, static_cast<std::int64_t>(indices_.size()));
+// A list of entries as the ops return it: the origins' names and numbers, and an int64 tensor of rows.
+using EntryRows = std::tuple<std::vector<std::string>, std::vector<std::int64_t>, at::Tensor>;
+
+// One row per record: its origin's index in the table (origins in order of first use), its backend (0 graph,
+// 1 legacy), the `extra_columns` words `extra` appends, then the key's words.
+template <typename Record, typename Extra>
+EntryRows entry_rows(const std::vector<Record>& records, std::int64_t extra_columns, Extra extra) {
+  std::map<Origin, std::int64_t> indices;
+  std::vector<std::string> names;
+  std::vector<std::int64_t> numbers, values;
+  for (const Record& record : records) {
+    const auto [slot, added] = indices.try_emplace(record.origin, static_cast<std::int64_t>(indices.size()));
     if (added) {
-      std::get<0>(table_).push_back(origin.device.name);
-      for (std::int64_t n : origin_numbers(origin)) std::get<1>(table_).push_back(n);
+      names.push_back(record.origin.device.name);
+      for (std::int64_t n : origin_numbers(record.origin)) numbers.push_back(n);
     }
-    return slot->second;
+    values.push_back(slot->second);
+    values.push_back(record.backend == Backend::graph ? 0 : 1);
+    extra(record, values);
+    for (std::int64_t word : key_to_list(record.key)) values.push_back(word);
   }
-  const OriginTable& table() const { return table_; }
-
- private:
-  std::map<Origin, std::int64_t> indices_;
-  OriginTable table_;
-};
-
-// Rows of `columns` int64 values, as a [rows, columns] tensor.
-at::Tensor rows_tensor(const std::vector<std::int64_t>& values, std::int64_t columns) {
+  const auto columns = static_cast<std::int64_t>(2 + extra_columns + key_to_list(ConvolutionKey{}).size());
   const auto rows = static_cast<std::int64_t>(values.size()) / columns;
-  return at::tensor(values, at::kLong).reshape({rows, columns});
+  return {names, numbers, at::tensor(values, at::kLong).reshape({rows, columns})};
 }
-
-std::int64_t backend_number(Backend backend) { return backend == Backend::graph ? 0 : 1; }
 
 std::tuple<std::string, std::vector<std::int64_t>> device_origin(const std::optional<std::int64_t>& device) {
   TORCH_CHECK(at::cuda::is_available(), "cudnn_cache.device_origin: no CUDA device; an origin is a GPU's");
@@ -63,36 +61,20 @@ std::tuple<std::string, std::vector<std::int64_t>> device_origin(const std::opti
   return {origin.device.name, origin_numbers(origin)};
 }
 
-// Rows: origin index, backend (0 graph, 1 legacy), then the key's words.
-std::tuple<std::vector<std::string>, std::vector<std::int64_t>, at::Tensor> recorded_misses() {
-  OriginIndex origins;
-  std::vector<std::int64_t> values;
-  const std::vector<RecordedMiss> misses = Runtime::instance().recorded_misses();
-  for (const RecordedMiss& miss : misses) {
-    values.push_back(origins(miss.origin));
-    values.push_back(backend_number(miss.backend));
-    for (std::int64_t word : key_to_list(miss.key)) values.push_back(word);
-  }
-  const auto columns = static_cast<std::int64_t>(2 + key_to_list(ConvolutionKey{}).size());
-  return {std::get<0>(origins.table()), std::get<1>(origins.table()), rows_tensor(values, columns)};
+EntryRows recorded_misses() {
+  return entry_rows(Runtime::instance().recorded_misses(), 0, [](const RecordedMiss&, std::vector<std::int64_t>&) {});
 }
 
 void clear_recorded_misses() { Runtime::instance().clear_recorded_misses(); }
 
-// Rows: origin index, backend (0 graph, 1 legacy), digest (its 64 bits as int64), then the key's words.
-std::tuple<std::vector<std::string>, std::vector<std::int64_t>, at::Tensor> inventory() {
-  OriginIndex origins;
-  std::vector<std::int64_t> values;
-  for (const EntryRecord& record : cudnn_cache::inventory(snapshot(Runtime::instance().store()))) {
-    values.push_back(origins(record.origin));
-    values.push_back(backend_number(record.backend));
-    std::int64_t digest = 0;
-    std::memcpy(&digest, &record.digest, sizeof digest);
-    values.push_back(digest);
-    for (std::int64_t word : key_to_list(record.key)) values.push_back(word);
-  }
-  const auto columns = static_cast<std::int64_t>(3 + key_to_list(ConvolutionKey{}).size());
-  return {std::get<0>(origins.table()), std::get<1>(origins.table()), rows_tensor(values, columns)};
+// Rows with the entry's digest (its 64 bits as int64) after the backend.
+EntryRows inventory() {
+  return entry_rows(cudnn_cache::inventory(snapshot(Runtime::instance().store())), 1,
+                    [](const EntryRecord& record, std::vector<std::int64_t>& values) {
+                      std::int64_t digest = 0;
+                      std::memcpy(&digest, &record.digest, sizeof digest);
+                      values.push_back(digest);
+                    });
 }
 
 // Strings end to end in a uint8 tensor, and where each ends.

@@ -15,7 +15,7 @@ GPU. Each worker starts with an empty cache, tunes its share one key after anoth
 of --max-seconds), and saves into the file with cudnn_cache.save's merge under the file's lock, as any
 processes sharing a file do; a key another worker saved meanwhile stays. The parent loads the file again
 afterwards, so it holds what every worker tuned. Nothing here runs inside a training process: the workers are
-started by the command lines only. With one job the keys are tuned in the calling process, as before.
+started by the command lines only. With one job the keys are tuned in the calling process.
 """
 
 import argparse
@@ -26,7 +26,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import torch
 
 from . import distributed
-from .distributed import Problem
+from .distributed import Problem, _reason
 
 # A worker holds a CUDA context (about half a GB of GPU memory) and cuDNN's handles; more than this many on one
 # machine is a mistake, not a plan.
@@ -165,9 +165,3 @@ def _work(sender, path: str, share: List[Problem], device: int, deadline: Option
     finally:
         sender.send(report)
         sender.close()
-
-
-def _reason(error: BaseException) -> str:
-    """The first line of an error, without the C++ frames PyTorch may append."""
-    text = str(error).splitlines()[0] if str(error) else ""
-    return text or type(error).__name__

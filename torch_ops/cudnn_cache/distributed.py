@@ -15,13 +15,11 @@ identity tunes about 1/N of them, and the entries are all-gathered, so every ran
     if dist.get_rank() == 0:
         cudnn_cache.save("convs.cache")                # merged with the file, under its lock
 
-The protocol is Note [Sharing tuning between processes] (extension/include/cudnn_cache/exchange.h). A rank's
-identity is its GPU (name, compute capability, SM count) and cuDNN major.minor: ranks of one identity share
-tuning among themselves only, since a ranking is valid only where it was measured. A mixed job forms one
-sharing set per identity. Entries of other identities are received too (unless ``keep_other_origins=False``)
-and kept under their own origin, where this process never uses them but saves them, so one file serves a
-mixed fleet. Works on any torch.distributed backend; with NCCL the bytes travel in CUDA tensors on the
-current device, and ``all_gather_object`` needs ``torch.cuda.set_device`` to have been called.
+The protocol is Note [Sharing tuning between processes] (extension/include/cudnn_cache/exchange.h); the guide
+is docs/DISTRIBUTED.md. Ranks share tuning only with ranks of their identity (GPU name, compute capability, SM
+count, cuDNN major.minor), since a ranking is valid only where it was measured; other identities' entries are
+received too (unless ``keep_other_origins=False``) and kept under their own origin, unused here but saved. With
+NCCL the bytes travel in CUDA tensors on the current device, so call ``torch.cuda.set_device`` first.
 
 Without an initialised process group, sync() is a world of one: it tunes every recorded miss itself.
 """
@@ -210,7 +208,7 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
         if theirs["origin"] is not None:
             peers.setdefault(tuple(theirs["origin"]), []).append(r)
     held_ids: Set[int] = {key_id for theirs in everyone for key_id, _ in theirs["held"]}
-    needed = sorted({problem for r in peers.get(origin, []) for problem in map(_as_problem, everyone[r]["needs"])})
+    needed = sorted({problem for r in peers.get(origin, []) for problem in everyone[r]["needs"]})
     untuned = [problem for problem in needed if _key_id(origin, *problem) not in held_ids]
     assignment = split(untuned, peers[origin]).get(rank, []) if origin is not None else []
 
@@ -220,7 +218,7 @@ def sync(group=None, *, problems: Optional[Iterable[Problem]] = None, origin: Op
         try:
             tune(backend, key)
         except Exception as error:  # noqa: BLE001 -- reported; raising would leave the other ranks waiting
-            failed.append((backend, key, str(error).splitlines()[0] if str(error) else type(error).__name__))
+            failed.append((backend, key, _reason(error)))
     tuned = time.perf_counter()
 
     # 3. Send each entry some receiving rank lacks, once (by the lowest rank holding it), and all new ones.
@@ -278,14 +276,10 @@ def _checked_origin(origin) -> Origin:
     return origin
 
 
-def _as_problem(problem) -> Problem:
-    backend, key = problem
-    return backend, tuple(key)
-
-
 def _checked_problem(problem) -> Problem:
     try:
-        backend, key = _as_problem(problem)
+        backend, key = problem
+        key = tuple(key)
     except (TypeError, ValueError):
         raise ValueError(f"cudnn_cache.distributed.sync: a problem is (backend, key), e.g. ('graph', "
                          f"cudnn_cache.conv_key(...)); got {problem!r}") from None
@@ -296,3 +290,9 @@ def _checked_problem(problem) -> Problem:
         raise ValueError(f"cudnn_cache.distributed.sync: a key is the {_KEY_WORDS} ints conv_key() "
                          f"returns; got {len(key)} values")
     return backend, key
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of an error, without the C++ frames PyTorch may append."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text or type(error).__name__

@@ -48,14 +48,8 @@ def _expand(value: IntOrSequence, spatial_dims: int) -> List[int]:
 def same_padding(kernel_size: Sequence[int], dilation: Sequence[int]) -> Tuple[List[int], List[int]]:
     """Symmetric padding for padding='same', plus the extra right-side padding (in F.pad order, last
     dimension first) that an even dilated kernel needs, exactly as PyTorch pads for 'same'."""
-    symmetric, extra = [], []
-    for k, d in zip(kernel_size, dilation):
-        total = d * (k - 1)
-        symmetric.append(total // 2)
-    for k, d in zip(reversed(list(kernel_size)), reversed(list(dilation))):
-        total = d * (k - 1)
-        extra += [0, total - 2 * (total // 2)]
-    return symmetric, extra
+    totals = [d * (k - 1) for k, d in zip(kernel_size, dilation)]
+    return [total // 2 for total in totals], [side for total in reversed(totals) for side in (0, total % 2)]
 
 
 def _convolution(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOrSequence,

@@ -22,6 +22,10 @@ class _CachedConvolution:
     _cudnn_dilation: List[int]
     _cudnn_extra_padding: List[int]
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)  # torch's module, next in the method resolution order
+        self._prepare()
+
     def _prepare(self) -> None:
         self._cudnn_stride = list(self.stride)
         self._cudnn_dilation = list(self.dilation)
@@ -52,25 +56,13 @@ class _CachedConvolution:
 class Conv1d(_CachedConvolution, nn.Conv1d):
     """torch.nn.Conv1d through the cache."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._prepare()
-
 
 class Conv2d(_CachedConvolution, nn.Conv2d):
     """torch.nn.Conv2d through the cache."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._prepare()
-
 
 class Conv3d(_CachedConvolution, nn.Conv3d):
     """torch.nn.Conv3d through the cache."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._prepare()
 
 
 class _CachedConvolutionTranspose:
@@ -80,6 +72,10 @@ class _CachedConvolutionTranspose:
     _cudnn_padding: List[int]
     _cudnn_dilation: List[int]
     _cudnn_kernel_size: List[int]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._prepare()
 
     def _prepare(self) -> None:
         if self.padding_mode != "zeros":
@@ -104,25 +100,13 @@ class _CachedConvolutionTranspose:
 class ConvTranspose1d(_CachedConvolutionTranspose, nn.ConvTranspose1d):
     """torch.nn.ConvTranspose1d through the cache."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._prepare()
-
 
 class ConvTranspose2d(_CachedConvolutionTranspose, nn.ConvTranspose2d):
     """torch.nn.ConvTranspose2d through the cache."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._prepare()
-
 
 class ConvTranspose3d(_CachedConvolutionTranspose, nn.ConvTranspose3d):
     """torch.nn.ConvTranspose3d through the cache."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._prepare()
 
 
 _CACHED = {

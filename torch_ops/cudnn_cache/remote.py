@@ -15,33 +15,29 @@ the server on its own, as a checkpoint that holds just it (Note [Entries on a sh
     cudnn_cache:v<format>:entries:<origin tag>              a set of the origin's entry names
     cudnn_cache:v<format>:origins                           a hash: origin tag -> the origin, in words
 
-so a server can hold any number of GPU kinds and cuDNN versions, and versions of the file format share a server.
-A build writes only its own format's keys, and reads its own and the previous format's (this build's loader reads
-older checkpoints): a fleet that upgrades keeps what the previous release pushed, merged under what the new one
-pushes, until a push rewrites the entry in the new format or `remote prune --other-versions` removes the old keys.
-Newer formats' keys, and older ones', are never read. A push merges each entry into the server's copy with the file's
-rule (per candidate the faster measurement wins), under WATCH/MULTI: the merge is computed here, and the write
-happens only if nobody wrote the key since it was read, else it is read and merged again. Any number of writers
-lose nothing, and an entry whose merge changes nothing is not written. The one exception is an entry settle()
-changed in the saving process: as in its file, it takes the server copy's place (Note [A settled key replaces the
-file's]), since a merge with times taken under another load could put the config it displaced first again.
+so one server holds any number of GPU kinds, cuDNN versions and file formats. A build writes only its own
+format's keys and reads its own and the previous format's (its loader reads older checkpoints): a fleet that
+upgrades keeps what the previous release pushed until a push rewrites the entry or `remote prune
+--other-versions` removes the old keys. A push merges each entry into the server's copy with the file's rule
+(per candidate the faster measurement wins) under WATCH/MULTI: the merge is computed here and written only if
+nobody wrote the key since it was read, else read and merged again, so concurrent writers lose nothing; an
+entry whose merge changes nothing is not written. An entry settle() changed in the saving process takes the
+server copy's place instead (Note [A settled key replaces the file's]): a merge with times taken under another
+load could put the config it displaced first again.
 
-What comes back is checked exactly like a file (the checkpoint's magic, versions, sizes, enums and checksum),
-and must hold the one entry its name says; an entry that fails is left out and counted, never merged, and a
-push replaces it. A server that is down, slow, restarted or out of memory costs at most the timeouts
-(connect and command, one second each by default) and raises RemoteError; load() and save() with a remote
-set turn that into one warning and go on with the local file. rediss:// (TLS) takes ?ssl_ca_certs=CA.pem for a
-private CA.
+What comes back is checked exactly like a file and must hold the one entry its name says; an entry that fails
+is left out and counted, never merged, and a push replaces it. A server that is down, slow or full costs at
+most the timeouts (connect and command, one second each by default) and raises RemoteError; load() and save()
+turn that into one warning and go on with the local file.
 
-The client is this module's `Connection`: Redis's own protocol parser, hiredis (PyPI's hiredis, the Redis
-project's C parser), under a socket, in about a hundred lines. Not redis-py: importing it costs 0.5 s on the GPU
-machine (it imports asyncio, cluster and keyspace-notification support), ten times the whole budget of a warm
-start from the store, for the dozen commands used here. Not Debian's C hiredis in the core: Debian 12's is
-0.14, which has no TLS, and rediss:// is part of what a fleet needs. So the remote layer is Python's: a
-LibTorch process uses a file that `python -m cudnn_cache remote pull URL -o FILE` wrote.
+The client is `Connection`: hiredis (the Redis project's protocol parser) under a socket. Not redis-py, whose
+import alone costs 0.5 s on the GPU machine, ten times a warm start from the store; not Debian 12's C hiredis
+in the core, which has no TLS. So the remote layer is Python's: a LibTorch process uses a file that
+`python -m cudnn_cache remote pull URL -o FILE` wrote.
 """
 
 import dataclasses
+import itertools
 import socket
 import time
 import urllib.parse
@@ -83,42 +79,40 @@ def check_url(url: str) -> str:
             "e.g. redis://cache-host:6379/0")
     if not isinstance(url, str):
         raise ValueError(f"a remote store is a URL string of the form {form}, not {type(url).__name__}")
+
+    def refuse(reason: str):
+        raise ValueError(f"remote store {redacted(url)!r}: {reason}; the form is {form}") from None
+
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as error:
-        raise ValueError(f"remote store {redacted(url)!r}: {error}; the form is {form}") from None
+        refuse(str(error))
     if parts.scheme not in ("redis", "rediss"):
-        raise ValueError(f"remote store {redacted(url)!r}: the scheme must be redis or rediss, not "
-                         f"{parts.scheme or 'missing'}; the form is {form}")
+        refuse(f"the scheme must be redis or rediss, not {parts.scheme or 'missing'}")
     if not parts.hostname:
-        raise ValueError(f"remote store {redacted(url)!r} names no host; the form is {form}")
+        refuse("names no host")
     if port == 0:
-        raise ValueError(f"remote store {redacted(url)!r}: port 0 is not a port; the form is {form}")
+        refuse("port 0 is not a port")
     path = parts.path.strip("/")
     if path and not path.isdigit():
-        raise ValueError(f"remote store {redacted(url)!r}: the database must be a number, not {path!r}; the form "
-                         f"is {form}")
+        refuse(f"the database must be a number, not {path!r}")
     if parts.fragment:
-        raise ValueError(f"remote store {redacted(url)!r}: takes no fragment; the form is {form}")
+        refuse("takes no fragment")
     options = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
     allowed = TLS_OPTIONS if parts.scheme == "rediss" else ()
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(f"remote store {redacted(url)!r}: takes no query option {', '.join(unknown)}; "
-                         + (f"rediss:// takes {', '.join(TLS_OPTIONS)}" if allowed else
-                            "TLS options go with rediss://") + f"; the form is {form}")
+        refuse(f"takes no query option {', '.join(unknown)}; "
+               + (f"rediss:// takes {', '.join(TLS_OPTIONS)}" if allowed else "TLS options go with rediss://"))
     for option, values in options.items():
         if len(values) > 1:
-            raise ValueError(f"remote store {redacted(url)!r}: {option} is given {len(values)} times; give it once; "
-                             f"the form is {form}")
+            refuse(f"{option} is given {len(values)} times; give it once")
     requirement = options.get("ssl_cert_reqs", ["required"])[0]
     if requirement not in _CERT_REQUIREMENTS:
-        raise ValueError(f"remote store {redacted(url)!r}: ssl_cert_reqs must be one of "
-                         f"{', '.join(_CERT_REQUIREMENTS)}, not {requirement!r}; the form is {form}")
+        refuse(f"ssl_cert_reqs must be one of {', '.join(_CERT_REQUIREMENTS)}, not {requirement!r}")
     if "ssl_keyfile" in options and "ssl_certfile" not in options:
-        raise ValueError(f"remote store {redacted(url)!r}: ssl_keyfile goes with ssl_certfile (the client's "
-                         f"certificate); give both; the form is {form}")
+        refuse("ssl_keyfile goes with ssl_certfile (the client's certificate); give both")
     return url
 
 
@@ -164,29 +158,19 @@ def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
-def _bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.numpy().tobytes()
-
-
 def split(data: bytes, source: str) -> List[Tuple[str, str, bytes]]:
     """Every entry of a checkpoint (a cache file's bytes) on its own: (name, its origin in words, bytes)."""
     names, origins, blob, ends = _ops.split_entries(_tensor(data), source)
-    raw, result, begin = _bytes(blob), [], 0
-    for name, origin, end in zip(names, origins, ends):
-        result.append((name, origin, raw[begin:end]))
-        begin = end
-    return result
+    raw = blob.numpy().tobytes()
+    return [(name, origin, raw[begin:end]) for name, origin, begin, end in zip(names, origins, [0, *ends], ends)]
 
 
 def merge(blobs: List[bytes], names: List[str], source: str) -> Tuple[bytes, List[Tuple[int, str]]]:
     """The checkpoint of the single-entry checkpoints `blobs` merged, each checked to be the entry of its
     name; and (index, reason) for each left out."""
-    ends, total = [], 0
-    for blob in blobs:
-        total += len(blob)
-        ends.append(total)
+    ends = list(itertools.accumulate(len(blob) for blob in blobs))
     merged, refused, reasons = _ops.merge_entries(_tensor(b"".join(blobs)), ends, names, source)
-    return _bytes(merged), list(zip(refused, reasons))
+    return merged.numpy().tobytes(), list(zip(refused, reasons))
 
 
 class ServerError(Exception):
@@ -354,9 +338,6 @@ class Remote:
             raise RemoteError(f"remote store {self.name}: the server refused while it {what}: {error}") from None
         except OSError as error:  # refused, reset, closed, unknown host, TLS
             raise RemoteError(f"remote store {self.name}: cannot reach the server while it {what} ({error})") from None
-
-    def ping(self) -> None:
-        self._call("answered a ping", lambda: self._connection.call("PING"))
 
     # -- push ------------------------------------------------------------------------------------------------
     def push(self, data: bytes, source: str, replacing: Collection[str] = ()) -> PushReport:

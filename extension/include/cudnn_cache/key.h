@@ -123,19 +123,11 @@ struct ConvolutionKey {
   ConvolutionDescriptorKey convolution;
 };
 
-template <typename T>
-struct IsKey : std::false_type {};
-template <>
-struct IsKey<TensorKey> : std::true_type {};
-template <>
-struct IsKey<FilterKey> : std::true_type {};
-template <>
-struct IsKey<ConvolutionDescriptorKey> : std::true_type {};
-template <>
-struct IsKey<ConvolutionKey> : std::true_type {};
-
 template <typename Key>
-using EnableIfKey = std::enable_if_t<IsKey<Key>::value, int>;
+using EnableIfKey = std::enable_if_t<std::is_same_v<Key, TensorKey> || std::is_same_v<Key, FilterKey> ||
+                                         std::is_same_v<Key, ConvolutionDescriptorKey> ||
+                                         std::is_same_v<Key, ConvolutionKey>,
+                                     int>;
 
 // See Note [Keys are values]: these make memcmp equality and byte-wise hashing correct.
 #define CUDNN_CACHE_ASSERT_PLAIN_KEY(Key)                                                          \
@@ -255,18 +247,15 @@ ConvolutionKey make_convolution_key(Direction direction, const TensorKey& input,
 // Note [Nearest key]
 // ~~~~~~~~~~~~~~~~~~
 // Under the nearest miss policy (Note [Running a cached convolution]) a key the cache does not hold runs the choice
-// stored for the nearest key of its family. Two keys are of one family when they are one problem at another batch or
-// spatial size: the same direction, element and compute types, math type, channels, filter (sizes and format), padding,
-// stride, dilation, groups and mode, and tensors packed in the same layout (a strided tensor has no family: its strides
-// are part of what was tuned). Only the batch and spatial sizes of the input and output may differ. Within a family,
-// cuDNN's convolution engines are implicit GEMMs whose one varying extent is the output's pixel count N*P*Q (forward: M
-// = N*P*Q; backward data: the same over the input; backward filter: the reduction K = N*P*Q), and their tiles, split-K
-// and kernel choices follow that extent. So the distance of two keys is |ln(pixels_a / pixels_b)|, the ratio of those
-// extents whichever is larger; on a tie the key with the same batch size is nearer, then the smaller key (operator<),
-// so the choice is the same in every process. Measured by the dynamic-shape benchmark (`python3 -m benchmarks dynamic`,
-// H200): choices borrowed from one tuned size by keys of 0.29x to 1.6x its pixels (a ResNet-18 trunk at 480-800, a 1-D
-// stack at 1-5 s) ran every shape within 3.3% of native benchmark mode's tuning of that shape and faster than cuDNN's
-// heuristics. Other distances were not compared.
+// stored for the nearest key of its family: the same problem at another batch or spatial size. Everything else is
+// equal: direction, element, compute and math types, channels, filter (sizes and format), padding, stride, dilation,
+// groups and mode, and tensors packed in the same layout (a strided tensor has no family: its strides are part of
+// what was tuned). cuDNN's convolution engines are implicit GEMMs whose one extent that varies within a family is the
+// output's pixel count N*P*Q (M forward, the same over the input backward data, the reduction K backward filter), and
+// their tiles, split-K and kernel choices follow it. So the distance of two keys is |ln(pixels_a / pixels_b)|; on a
+// tie the key with the same batch size is nearer, then the smaller key (operator<), so every process chooses alike.
+// `python3 -m benchmarks dynamic` measures what a borrowed choice costs against tuning each shape, for keys of 0.29x
+// to 1.6x the tuned key's pixels; other distances are not measured.
 
 // Whether b is a at another batch or spatial size (Note [Nearest key]); a key is of its own family.
 bool same_family(const ConvolutionKey& a, const ConvolutionKey& b);

@@ -50,12 +50,11 @@ struct MergeResult {
 
 MergeResult merge(const std::vector<Checkpoint>& checkpoints);
 
-// "graph forward: x float[...] ...: engine 5 (...) 0.0120 ms | engine 7 (...) 0.0150 ms" and the like.
-std::string to_string(const EntryDifference& difference);
-
 // The commands both command lines run on files (python -m cudnn_cache and cudnn_cache_tool print what these
 // return, in the same words): each reads its inputs whole before it writes anything, and writes atomically.
 // Errors name the file and the reason.
+
+// One line per difference: "graph forward on ORIGIN: KEY: engine 5 (...) 0.0120 ms | engine 7 (...) 0.0150 ms".
 std::vector<std::string> difference_lines(const std::vector<EntryDifference>& differences);
 // Merges the files into `output`; returns the conflicts, as difference_lines.
 std::vector<std::string> merge_files(const std::vector<std::string>& inputs, const std::string& output);
