@@ -123,11 +123,20 @@ struct ConvolutionKey {
   ConvolutionDescriptorKey convolution;
 };
 
+// The plain keys that share ==, < and hash_value below; attention.h adds AttentionKey.
+template <typename T>
+struct IsKey : std::false_type {};
+template <>
+struct IsKey<TensorKey> : std::true_type {};
+template <>
+struct IsKey<FilterKey> : std::true_type {};
+template <>
+struct IsKey<ConvolutionDescriptorKey> : std::true_type {};
+template <>
+struct IsKey<ConvolutionKey> : std::true_type {};
+
 template <typename Key>
-using EnableIfKey = std::enable_if_t<std::is_same_v<Key, TensorKey> || std::is_same_v<Key, FilterKey> ||
-                                         std::is_same_v<Key, ConvolutionDescriptorKey> ||
-                                         std::is_same_v<Key, ConvolutionKey>,
-                                     int>;
+using EnableIfKey = std::enable_if_t<IsKey<Key>::value, int>;
 
 // See Note [Keys are values]: these make memcmp equality and byte-wise hashing correct.
 #define CUDNN_CACHE_ASSERT_PLAIN_KEY(Key)                                                          \
