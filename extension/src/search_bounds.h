@@ -17,7 +17,7 @@
 //   mode_b_candidates 3  then heuristics mode B's first picks, and
 //   knob_variants 4      the best config's knob neighbours (at most 2 steps away): a little more than native
 //                        times, each one a plan build (milliseconds) and a timing, so that the default search
-//                        stays a few seconds per key in a training process (Note [Exhaustive search]).
+//                        takes seconds per key in a training process (Note [Exhaustive search]).
 //   finalists 3          the fastest this many are timed again beside native's two picks in the paired rounds,
 //                        which decide the ranking's first config; more finalists lengthen every round.
 //   flush_l2 true        twice the L2 cache is written before each timed run: in a network a layer's operands
@@ -26,18 +26,15 @@
 //                        stops there: it cannot win, and slow candidates are where tuning time goes (Note [Giving
 //                        up on a slow plan] in graph.cpp).
 // Every config a search times must fit in the ranking it stores (kMaxEngineConfigs), with heuristics' first
-// pick and native's deterministic pick (Note [Deterministic calls] in runtime.h): checked below. Tests shorten
+// pick and native's deterministic pick (Note [Deterministic calls] in runtime.h): asserted below. Tests shorten
 // searches with smaller bounds (tests/gpu/test_graph_gpu.cpp passes them to search_engine_configs; the Python
 // tests set them through tests/torch/testing_ops.cpp and cudnn_cache_set_search_bounds); nothing else does.
 
-#include <cstddef>
-#include <string>
-
-#include "cudnn_cache/error.h"
 #include "cudnn_cache/perf_cache.h"
 
 namespace cudnn_cache::graph_internal {
 
+// What Note [Search bounds] describes: its defaults are the search's constants.
 struct SearchBounds {
   int warmup = 3;
   int repetitions = 7;
@@ -49,30 +46,6 @@ struct SearchBounds {
   float give_up_ratio = 1.5f;
 };
 
-// What is wrong with `bounds`, or "" (Note [Search bounds]).
-inline std::string search_bounds_error(const SearchBounds& bounds) {
-  const auto below = [](const char* field, double value, double least) {
-    return value >= least ? std::string() : detail::concat(field, " must be >= ", least, ", got ", value);
-  };
-  for (const std::string& error :
-       {below("warmup", bounds.warmup, 0), below("repetitions", bounds.repetitions, 1),
-        below("max_candidates", bounds.max_candidates, 1), below("mode_b_candidates", bounds.mode_b_candidates, 0),
-        below("knob_variants", bounds.knob_variants, 0), below("finalists", bounds.finalists, 0),
-        below("give_up_ratio", bounds.give_up_ratio, 1)}) {
-    if (!error.empty()) return error;
-  }
-  const std::size_t timed = static_cast<std::size_t>(bounds.max_candidates) +
-                            static_cast<std::size_t>(bounds.mode_b_candidates) +
-                            static_cast<std::size_t>(bounds.knob_variants);
-  if (timed + 2 > kMaxEngineConfigs) {
-    return detail::concat("max_candidates + mode_b_candidates + knob_variants must be at most ",
-                          kMaxEngineConfigs - 2, " (a ranking keeps ", kMaxEngineConfigs,
-                          " engine configs, heuristics' first pick and its first deterministic one among them), got ",
-                          timed);
-  }
-  return {};
-}
-
 static_assert(SearchBounds{}.max_candidates + SearchBounds{}.mode_b_candidates + SearchBounds{}.knob_variants + 2 <=
                   static_cast<int>(kMaxEngineConfigs),
               "a default search times more configs than a ranking keeps (Note [Search bounds])");
@@ -81,5 +54,5 @@ static_assert(SearchBounds{}.max_candidates + SearchBounds{}.mode_b_candidates +
 
 // The bounds every later search of the runtime uses (Runtime::tune and the tune miss policy); null restores the
 // constants. For the Python tests only (tests/torch/testing_ops.cpp finds it with dlsym in the loaded ops
-// library, which holds its own copy of the core); the caller checks the bounds with search_bounds_error first.
+// library, which holds its own copy of the core).
 extern "C" void cudnn_cache_set_search_bounds(const cudnn_cache::graph_internal::SearchBounds* bounds);

@@ -12,7 +12,6 @@
 
 #include "cudnn_cache/checkpoint.h"
 #include "cudnn_cache/runtime.h"
-#include "search_bounds.h"
 
 using namespace cudnn_cache;
 using Catch::Matchers::Contains;
@@ -111,34 +110,6 @@ TEST_CASE("search options are kept, and values out of range are refused naming t
   bad.build_threads = -1;
   CHECK_THROWS_WITH(runtime.set_search_options(bad), Contains("tuning option build_threads must be >= 0"));
   CHECK(runtime.search_options().build_threads == 4);  // unchanged
-}
-
-TEST_CASE("search bounds out of range are refused naming the field", "[search]") {
-  using graph_internal::SearchBounds;
-  CHECK(graph_internal::search_bounds_error(SearchBounds{}).empty());
-  const auto refused = [](auto change, const char* field) {
-    SearchBounds bad;
-    change(bad);
-    CHECK_THAT(graph_internal::search_bounds_error(bad), Catch::StartsWith(field));
-  };
-  refused([](SearchBounds& b) { b.warmup = -1; }, "warmup must be >= 0");
-  refused([](SearchBounds& b) { b.repetitions = 0; }, "repetitions must be >= 1");
-  refused([](SearchBounds& b) { b.max_candidates = 0; }, "max_candidates must be >= 1");
-  refused([](SearchBounds& b) { b.mode_b_candidates = -2; }, "mode_b_candidates must be >= 0");
-  refused([](SearchBounds& b) { b.knob_variants = -1; }, "knob_variants must be >= 0");
-  refused([](SearchBounds& b) { b.finalists = -1; }, "finalists must be >= 0");
-  refused([](SearchBounds& b) { b.give_up_ratio = 0.5f; }, "give_up_ratio must be >= 1");
-  refused([](SearchBounds& b) { b.max_candidates = static_cast<int>(kMaxEngineConfigs); },
-          "max_candidates + mode_b_candidates + knob_variants must be at most");
-  // Room for heuristics' first pick and native's deterministic pick besides (Note [Deterministic calls]).
-  refused([](SearchBounds& b) {
-    b.max_candidates = static_cast<int>(kMaxEngineConfigs) - 1;
-    b.mode_b_candidates = b.knob_variants = 0;
-  }, "max_candidates + mode_b_candidates + knob_variants must be at most");
-  SearchBounds widest;
-  widest.max_candidates = static_cast<int>(kMaxEngineConfigs) - 2;
-  widest.mode_b_candidates = widest.knob_variants = 0;
-  CHECK(graph_internal::search_bounds_error(widest).empty());
 }
 
 TEST_CASE("the record policy's misses are kept once each, and drop out once their key is cached", "[runtime]") {
