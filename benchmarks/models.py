@@ -61,9 +61,8 @@ NATIVE_MODES = ("native_benchmark", "native_heuristic")
 LOADS = ("cache_warm", "cache_intercept")  # the modes that load the file cache_cold saved
 INTERLEAVED = "interleaved"  # the cases WORKLOAD:interleaved:NATIVE_MODE, one process per native mode (PyTorch
 INTERLEAVED_NATIVE = ("native_heuristic", "native_benchmark")  # keeps one plan cache for both of its modes)
-# cudnn_cache.set_tuning_options' options that are flags, and the one that is a ratio; the rest are counts.
-TUNING_FLAGS = ("flush_l2", "exhaustive", "rank_deterministic")
-TUNING_RATIOS = ("give_up_ratio",)
+# cudnn_cache.set_tuning_options' options that are flags; the other (build_threads) is a count.
+TUNING_FLAGS = ("exhaustive", "rank_deterministic")
 AUDIT_NOISE = 1.02  # an audited time within 2% of another counts as a tie
 # The targets (check_targets).
 TARGET_WARM_START_S = 0.3          # import + load + prepare + first step (cache_warm)
@@ -505,9 +504,9 @@ def tuning_arguments(items: List[str], error: Callable[[str], None]) -> Dict[str
     for item in items:
         name, _, value = item.partition("=")
         try:
-            number_ = float(value) if name in TUNING_RATIOS else int(value)
+            number_ = int(value)
         except ValueError:
-            error(f"--tuning takes NAME=VALUE with a number, got {item!r} (e.g. flush_l2=0)")
+            error(f"--tuning takes NAME=VALUE with a whole number, got {item!r} (e.g. exhaustive=1)")
             continue
         tuning[name] = bool(number_) if name in TUNING_FLAGS else number_
     return tuning
@@ -531,7 +530,7 @@ def parse_args(argv=None):
         help="in cache_cold, after its first step, cudnn_cache.settle() (default: on with --tuning exhaustive=1, "
              "as scripts/warm_start.py --exhaustive settles)")
     add("--tuning", nargs="*", default=[], metavar="NAME=VALUE",
-        help="cudnn_cache.set_tuning_options for the cache cases, e.g. exhaustive=1 flush_l2=0")
+        help="cudnn_cache.set_tuning_options for the cache cases, e.g. exhaustive=1 build_threads=4")
     args = parse(parser, argv, [*WORKLOADS, OVERHEAD], MODES)
     args.workloads = args.workloads or [*WORKLOADS, OVERHEAD]
     args.modes = [mode for mode in MODES if mode in (args.modes or MODES)]

@@ -9,7 +9,7 @@
 // have the same shape:
 //   kind                    what a candidate is called in logs and errors
 //   backend                 the Backend it is (for recorded misses)
-//   search(buffers, alloc, options)  times every candidate now and returns them ranked
+//   search(buffers, alloc, options, bounds)  times every candidate now and returns them ranked
 //   Ready                   what a candidate needs made before it runs (the graph API: its plan)
 //   ready(c, best)          makes candidate c ready
 //   refusal(ready)          why the candidate cannot run at all, or null (a fallback)
@@ -33,6 +33,7 @@
 #include "cudnn_cache/runtime.h"
 #include "elapsed.h"
 #include "plan_cache.h"
+#include "search_bounds.h"
 
 namespace cudnn_cache {
 
@@ -52,9 +53,9 @@ class LegacyBackend {
 
   // cudnnFind*AlgorithmEx, with the largest workspace the allocator can give, at most options'
   // max_workspace_bytes (algorithms that need more then report an allocation failure, and are never run). Its
-  // other options are the graph API's.
+  // other options, and the bounds, are the graph API's.
   Ranking<Traits> search(const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
-                         const GraphSearchOptions& options) {
+                         const GraphSearchOptions& options, const graph_internal::SearchBounds& /*bounds*/) {
     auto [workspace, bytes] = search_workspace(allocate, options.max_workspace_bytes);
     std::array<typename Traits::Perf, Traits::algorithm_count> perfs{};
     int returned = 0;
@@ -153,10 +154,10 @@ class GraphBackend {
   // search_engine_configs; the plan cache keeps a plan of the best config, made from the one the search built
   // (Note [The plan a search keeps]).
   Ranking<GraphTraits<D>> search(const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
-                                 const GraphSearchOptions& options) {
+                                 const GraphSearchOptions& options, const graph_internal::SearchBounds& bounds) {
     std::shared_ptr<const GraphPlan> best_plan;
     const std::vector<EngineCandidate> configs =
-        search_engine_configs(handle_, key_, buffers, allocate, options, &best_plan);
+        search_engine_configs(handle_, key_, buffers, allocate, options, bounds, &best_plan);
     if (best_plan) plans_.adopt(handle_, device_, key_, configs.front(), std::move(best_plan), stored_);
     return Ranking<GraphTraits<D>>::of(configs.begin(), configs.end());
   }

@@ -11,14 +11,19 @@
 #include "cudnn_cache/graph.h"
 #include "graph_internal.h"
 #include "paired_timing.h"
+#include "search_bounds.h"
 
 namespace cudnn_cache {
 
 using namespace graph_internal;
 
-ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-                                const WorkspaceAllocator& allocate, const EngineCandidate& stored,
-                                const GraphSearchOptions& options) {
+namespace {
+
+// audit_engine_choice with `rounds` rounds; it times the way a search does (Note [Search bounds]).
+ChoiceAudit audit_in_rounds(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                            const WorkspaceAllocator& allocate, const EngineCandidate& stored,
+                            const GraphSearchOptions& options, int rounds) {
+  constexpr SearchBounds bounds;
   CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
   auto graph = heuristic_graph(handle, key, options.deterministic);
@@ -31,7 +36,7 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   // benchmark=True times the first cudnn.benchmark_limit (10) that build, once each after one warm-up run, from an
   // idle stream and without flushing L2 (Note [Timing the whole call]).
   const std::int64_t count = graph->get_execution_plan_count();
-  for (std::int64_t index = 0; index < count && static_cast<int>(names.size()) < options.max_candidates; ++index) {
+  for (std::int64_t index = 0; index < count && static_cast<int>(names.size()) < bounds.max_candidates; ++index) {
     std::string name;
     if (graph->get_plan_name_at_index(index, name).is_bad() || graph->build_plan_at_index(index).is_bad() ||
         !names.insert(name).second) {
@@ -62,7 +67,7 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
 
   // Then each distinct config the same way, in rounds, so drift in clocks or temperature affects each alike;
   // the stored one twice, for the audit's resolution, each round in a fresh order.
-  L2Flush flush(allocate, options.flush_l2);
+  L2Flush flush(allocate, bounds.flush_l2);
   struct Contender {
     std::int64_t index;
     const EngineCandidate* config;
@@ -85,12 +90,12 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   const std::size_t heuristic_at = native_at(heuristic_index, audit.heuristic);
   const std::size_t benchmark_at =
       benchmark_index == heuristic_index ? heuristic_at : native_at(benchmark_index, audit.benchmark);
-  for (int round = 0; round < options.repetitions; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     for (const std::size_t at : round_order(round, contenders.size())) {  // Note [Paired rounds in a fresh order]
       Contender& contender = contenders[at];
       void* workspace = contender.workspace.data();
       const std::vector<float> times = time_plan(*graph, handle, pack, workspace, contender.index,
-                                                 round_timing(round, options.warmup, flush));
+                                                 round_timing(round, bounds.warmup, flush));
       CUDNN_CACHE_REQUIRE(!times.empty(), "cuDNN graph API: ", to_string(*contender.config),
                           " failed to run while auditing ", key);
       contender.times.push_back(times.front());
@@ -106,13 +111,21 @@ ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key,
   return audit;
 }
 
+}  // namespace
+
+ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
+                                const WorkspaceAllocator& allocate, const EngineCandidate& stored,
+                                const GraphSearchOptions& options) {
+  return audit_in_rounds(handle, key, buffers, allocate, stored, options, SearchBounds{}.repetitions);
+}
+
 SettledChoice settle_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                    const WorkspaceAllocator& allocate, const std::vector<EngineCandidate>& ranked,
-                                   GraphSearchOptions options) {
+                                   const GraphSearchOptions& options) {
   CUDNN_CACHE_REQUIRE(!ranked.empty(), "settle: no stored config for ", key);
-  options.repetitions = 3 * std::max(options.repetitions, 1);
   SettledChoice settled;
-  settled.audit = audit_engine_choice(handle, key, buffers, allocate, ranked.front(), options);
+  settled.audit =
+      audit_in_rounds(handle, key, buffers, allocate, ranked.front(), options, 3 * SearchBounds{}.repetitions);
   settled.configs = settle_by_audit(ranked, settled.audit);
   return settled;
 }

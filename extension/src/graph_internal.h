@@ -16,6 +16,7 @@
 #include <cudnn_frontend.h>
 
 #include "cudnn_cache/graph.h"
+#include "search_bounds.h"  // the bounds search_engine_configs takes
 
 namespace cudnn_cache::graph_internal {
 

@@ -21,6 +21,7 @@
 #include "graph_internal.h"
 #include "handle_pool.h"
 #include "paired_timing.h"
+#include "search_bounds.h"
 
 namespace cudnn_cache {
 namespace {
@@ -306,25 +307,26 @@ struct Bounds {
   int heuristic, mode_b, knob_variants, knob_distance, finalists;
 };
 
-Bounds bounds_of(const GraphSearchOptions& options) {
+Bounds bounds_of(const GraphSearchOptions& options, const SearchBounds& bounds) {
   constexpr int kAll = std::numeric_limits<int>::max();
-  if (options.exhaustive) return {kAll, kAll, 32, 4, std::max(options.finalists, 5)};
-  return {options.max_candidates, options.mode_b_candidates, options.knob_variants, 2, options.finalists};
+  if (options.exhaustive) return {kAll, kAll, 32, 4, std::max(bounds.finalists, 5)};
+  return {bounds.max_candidates, bounds.mode_b_candidates, bounds.knob_variants, 2, bounds.finalists};
 }
 
 // A search's state: the graph whose plans are timed, and what has been timed so far.
 class EngineSearch {
  public:
   EngineSearch(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
-               const WorkspaceAllocator& allocate, const GraphSearchOptions& options)
+               const WorkspaceAllocator& allocate, const GraphSearchOptions& options, const SearchBounds& bounds)
       : handle_(handle),
         key_(key),
         allocate_(allocate),
         options_(options),
+        bounds_(bounds),
         graph_(heuristic_graph(handle, key, options.deterministic)),
         listed_(graph_->get_execution_plan_count()),
         pack_(variant_pack(buffers)),
-        flush_(allocate, options.flush_l2) {}
+        flush_(allocate, bounds.flush_l2) {}
 
   Graph& graph() { return *graph_; }
 
@@ -348,10 +350,10 @@ class EngineSearch {
       if (plan.index >= 0 && names_.insert(plans.names[position]).second) time_built(plan);
       builder.extend(position + 1 + (needed - std::min(needed, timed())));
     }
-    // Native benchmark=True times the first cudnn.benchmark_limit (options_.max_candidates, 10) of these and
+    // Native benchmark=True times the first cudnn.benchmark_limit (bounds_.max_candidates, 10) of these and
     // runs the fastest: the first pass's fastest of them stands for its pick.
     const std::size_t native_ten = std::min<std::size_t>(timed(), static_cast<std::size_t>(
-                                                                      std::max(options_.max_candidates, 1)));
+                                                                      std::max(bounds_.max_candidates, 1)));
     std::vector<float> first_pass(native_ten);
     for (std::size_t i = 0; i < native_ten; ++i) {
       first_pass[i] = configs_[i].time_ms;
@@ -393,8 +395,8 @@ class EngineSearch {
     if (!config || config->workspace_bytes > options_.max_workspace_bytes) return false;
     const std::optional<Workspace> workspace = workspace_for(allocate_, config->workspace_bytes);
     if (!workspace) return false;  // out of memory: not a candidate here
-    Timing timing{options_.warmup, options_.repetitions, &flush_};
-    if (best_ms_ < std::numeric_limits<float>::infinity()) timing.give_up_ms = best_ms_ * options_.give_up_ratio;
+    Timing timing{bounds_.warmup, bounds_.repetitions, &flush_};
+    if (best_ms_ < std::numeric_limits<float>::infinity()) timing.give_up_ms = best_ms_ * bounds_.give_up_ratio;
     const std::vector<float> times = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index, timing);
     if (times.empty()) return false;
     config->time_ms = median(times);
@@ -437,7 +439,7 @@ class EngineSearch {
       return static_cast<std::size_t>(std::find(finalists.begin(), finalists.end(), config) - finalists.begin());
     };
     const std::size_t heuristic = position(0), benchmark = position(benchmark_pick_);
-    const int per_pass = std::max(options_.repetitions, 1);
+    const int per_pass = std::max(bounds_.repetitions, 1);
     std::vector<std::vector<float>> times(finalists.size());
     for (int round = 0; round < 3 * per_pass; ++round) {
       if (round > 0 && round % per_pass == 0 &&
@@ -447,7 +449,7 @@ class EngineSearch {
       for (const std::size_t f : round_order(round, finalists.size())) {  // Note [Paired rounds in a fresh order]
         const BuiltPlan& plan = plans_[finalists[f]];
         const std::vector<float> run = time_plan(*plan.graph, handle_, pack_, workspace->data(), plan.index,
-                                                 round_timing(round, options_.warmup, flush_));
+                                                 round_timing(round, bounds_.warmup, flush_));
         if (run.empty()) return;  // it ran before; if it fails now, keep what was measured then
         times[f].push_back(run.front());
       }
@@ -495,6 +497,7 @@ class EngineSearch {
   const ConvolutionKey& key_;
   const WorkspaceAllocator& allocate_;
   GraphSearchOptions options_;
+  SearchBounds bounds_;
   std::shared_ptr<Graph> graph_;
   std::int64_t listed_;  // graph_'s first plans, heuristics' list; later ones are appended
   VariantPack pack_;
@@ -516,14 +519,23 @@ std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const C
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                                 const GraphSearchOptions& options,
                                                 std::shared_ptr<const GraphPlan>* best_plan) {
+  return search_engine_configs(handle, key, buffers, allocate, options, SearchBounds{}, best_plan);
+}
+
+std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
+                                                const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                                                const GraphSearchOptions& options,
+                                                const SearchBounds& search_bounds,
+                                                std::shared_ptr<const GraphPlan>* best_plan) {
   CUDNN_CACHE_REQUIRE(aligned(buffers),
                       "cuDNN graph API: buffers must be ", kGraphAlignment, "-byte aligned for ", key);
   SearchProfile profile(options.debug_log);
-  const Bounds bounds = bounds_of(options);
-  EngineSearch search(handle, key, buffers, allocate, options);
+  const Bounds bounds = bounds_of(options, search_bounds);
+  EngineSearch search(handle, key, buffers, allocate, options, search_bounds);
   Graph& graph = search.graph();
-  // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run, built on
-  //    build_threads threads (Note [Parallel candidate builds]); the workers finish while steps 2-4 time.
+  // 1. Heuristics mode A, then the fallback list, in cuDNN's order, up to max_candidates that run (Note [Search
+  //    bounds]), built on build_threads threads (Note [Parallel candidate builds]); the workers finish while
+  //    steps 2-4 time.
   const HeuristicPlans plans = search.heuristic_plans();
   const int threads = options.build_threads > 0 ? options.build_threads : usable_cores();
   AheadBuilder builder(search.shared_graph(), key, options.deterministic, plans,

@@ -24,6 +24,7 @@
 #include "handle_pool.h"
 #include "in_flight.h"
 #include "plan_cache.h"
+#include "search_bounds.h"
 
 namespace cudnn_cache {
 
@@ -187,6 +188,15 @@ auto named_variable(const char* variable, Parse parse, const char* stays) -> std
   }
 }
 
+// The bounds of the runtime's searches (Note [Search bounds]): the constants, unless a test set others.
+std::mutex search_bounds_mutex;
+graph_internal::SearchBounds runtime_search_bounds;  // guarded by search_bounds_mutex
+
+graph_internal::SearchBounds current_search_bounds() {
+  std::lock_guard lock(search_bounds_mutex);
+  return runtime_search_bounds;
+}
+
 }  // namespace
 
 std::size_t SpreadCounter::shard() {
@@ -246,27 +256,8 @@ void Runtime::set_backend(Backend backend) {
 }
 
 void Runtime::set_search_options(const GraphSearchOptions& options) {
-  const auto check = [](bool valid, const char* field, double value, const char* expected) {
-    CUDNN_CACHE_REQUIRE(valid, "tuning option ", field, " must be ", expected, ", got ", value);
-  };
-  check(options.warmup >= 0, "warmup", options.warmup, ">= 0");
-  check(options.repetitions >= 1, "repetitions", options.repetitions, ">= 1");
-  check(options.max_candidates >= 1, "max_candidates", options.max_candidates, ">= 1");
-  check(options.mode_b_candidates >= 0, "mode_b_candidates", options.mode_b_candidates, ">= 0");
-  check(options.knob_variants >= 0, "knob_variants", options.knob_variants, ">= 0");
-  check(options.finalists >= 0, "finalists", options.finalists, ">= 0");
-  check(options.build_threads >= 0, "build_threads", options.build_threads, ">= 0 (0: the cores this process may use)");
-  check(options.give_up_ratio >= 1.0f, "give_up_ratio", options.give_up_ratio, ">= 1 (1.5 by default)");
-  // Every config a search times must fit in the ranking it stores: these, heuristics' first pick and native's
-  // deterministic pick (Note [Deterministic calls]). An exhaustive search keeps the fastest that fit, native's
-  // pick among them (Note [Exhaustive search]).
-  const double timed = options.exhaustive ? 0.0
-                                          : static_cast<double>(options.max_candidates) + options.mode_b_candidates +
-                                                options.knob_variants;
-  check(timed + 2 <= kMaxEngineConfigs, "max_candidates + mode_b_candidates + knob_variants", timed,
-        detail::concat("at most ", kMaxEngineConfigs - 2, " (a ranking keeps ", kMaxEngineConfigs,
-                       " engine configs, heuristics' first pick and its first deterministic one among them)")
-            .c_str());
+  CUDNN_CACHE_REQUIRE(options.build_threads >= 0, "tuning option build_threads must be >= 0 (0: the cores this "
+                      "process may use), got ", options.build_threads);
   std::lock_guard lock(mutex_);
   search_options_ = options;
 }
@@ -470,7 +461,7 @@ Ranking<Traits> Runtime::search(Chosen& backend, const ConvolutionKey& key, cons
   GraphSearchOptions options = search_options();
   options.max_workspace_bytes = workspace_limit();  // Note [Workspace limit]
   options.rank_deterministic = options.rank_deterministic || deterministic;
-  const Ranking<Traits> ranking = backend.search(buffers, allocate, options);
+  const Ranking<Traits> ranking = backend.search(buffers, allocate, options, current_search_bounds());
   const std::uint64_t took_us = microseconds_since(started);
   ++tunes_;
   tune_us_ += took_us;
@@ -774,3 +765,8 @@ CUDNN_CACHE_INSTANTIATE_DIRECTION(Direction::backward_filter);
 #undef CUDNN_CACHE_INSTANTIATE_DIRECTION
 
 }  // namespace cudnn_cache
+
+void cudnn_cache_set_search_bounds(const cudnn_cache::graph_internal::SearchBounds* bounds) {
+  std::lock_guard lock(cudnn_cache::search_bounds_mutex);
+  cudnn_cache::runtime_search_bounds = bounds ? *bounds : cudnn_cache::graph_internal::SearchBounds{};
+}

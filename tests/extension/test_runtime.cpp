@@ -98,40 +98,18 @@ TEST_CASE("log levels parse, gate messages, and reach the handler", "[runtime][l
 TEST_CASE("search options are kept, and values out of range are refused naming the field", "[runtime][search]") {
   Runtime runtime;
   GraphSearchOptions options;
-  options.repetitions = 11;
-  options.flush_l2 = false;
-  options.knob_variants = 0;
+  options.build_threads = 4;
+  options.exhaustive = true;
+  options.rank_deterministic = true;
   runtime.set_search_options(options);
-  CHECK(runtime.search_options().repetitions == 11);
-  CHECK_FALSE(runtime.search_options().flush_l2);
-  CHECK(runtime.search_options().knob_variants == 0);
+  CHECK(runtime.search_options().build_threads == 4);
+  CHECK(runtime.search_options().exhaustive);
+  CHECK(runtime.search_options().rank_deterministic);
 
-  const auto refused = [&](auto change, const char* field) {
-    GraphSearchOptions bad = options;
-    change(bad);
-    CHECK_THROWS_WITH(runtime.set_search_options(bad), Contains(std::string("tuning option ") + field));
-    CHECK(runtime.search_options().repetitions == 11);  // unchanged
-  };
-  refused([](GraphSearchOptions& o) { o.repetitions = 0; }, "repetitions");
-  refused([](GraphSearchOptions& o) { o.warmup = -1; }, "warmup");
-  refused([](GraphSearchOptions& o) { o.max_candidates = 0; }, "max_candidates");
-  refused([](GraphSearchOptions& o) { o.max_candidates = static_cast<int>(kMaxEngineConfigs); },
-          "max_candidates + mode_b_candidates + knob_variants");
-  // Room for heuristics' first pick and native's deterministic pick besides (Note [Deterministic calls]).
-  refused([](GraphSearchOptions& o) {
-    o.max_candidates = static_cast<int>(kMaxEngineConfigs) - 1;
-    o.mode_b_candidates = o.knob_variants = 0;
-  }, "max_candidates + mode_b_candidates + knob_variants");
-  GraphSearchOptions widest = options;
-  widest.max_candidates = static_cast<int>(kMaxEngineConfigs) - 2;
-  widest.mode_b_candidates = widest.knob_variants = 0;
-  runtime.set_search_options(widest);
-  CHECK(runtime.search_options().max_candidates == static_cast<int>(kMaxEngineConfigs) - 2);
-  runtime.set_search_options(options);
-  refused([](GraphSearchOptions& o) { o.mode_b_candidates = -2; }, "mode_b_candidates");
-  refused([](GraphSearchOptions& o) { o.knob_variants = -1; }, "knob_variants");
-  refused([](GraphSearchOptions& o) { o.finalists = -1; }, "finalists");
-  refused([](GraphSearchOptions& o) { o.give_up_ratio = 0.5f; }, "give_up_ratio");
+  GraphSearchOptions bad = options;
+  bad.build_threads = -1;
+  CHECK_THROWS_WITH(runtime.set_search_options(bad), Contains("tuning option build_threads must be >= 0"));
+  CHECK(runtime.search_options().build_threads == 4);  // unchanged
 }
 
 TEST_CASE("the record policy's misses are kept once each, and drop out once their key is cached", "[runtime]") {

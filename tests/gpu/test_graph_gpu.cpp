@@ -820,12 +820,15 @@ TEST_CASE("threads that miss one key at once search it once and compute what one
 
 namespace {
 
-GraphSearchOptions only_heuristics(int max_candidates) {
-  GraphSearchOptions options;
-  options.max_candidates = max_candidates;
-  options.mode_b_candidates = 0;
-  options.knob_variants = 0;
-  return options;
+using graph_internal::SearchBounds;
+
+// Bounds that leave only step 1 of a search: its first `max_candidates` heuristic configs (Note [Search bounds]).
+SearchBounds only_heuristics(int max_candidates) {
+  SearchBounds bounds;
+  bounds.max_candidates = max_candidates;
+  bounds.mode_b_candidates = 0;
+  bounds.knob_variants = 0;
+  return bounds;
 }
 
 bool distinct_choices(const std::vector<EngineCandidate>& configs) {
@@ -867,15 +870,16 @@ TEST_CASE("a search records every config's numerical notes and times native's de
       INFO(problem.name << ": " << key);
       std::mt19937 random(21);
       Operands operands(key, random);
-      GraphSearchOptions only_deterministic = only_heuristics(1);
+      GraphSearchOptions only_deterministic;
       only_deterministic.deterministic = true;
-      const std::vector<EngineCandidate> native =
-          search_engine_configs(handle.handle, key, operands.buffers(), allocate, only_deterministic);
+      const std::vector<EngineCandidate> native = search_engine_configs(handle.handle, key, operands.buffers(),
+                                                                        allocate, only_deterministic,
+                                                                        only_heuristics(1));
       REQUIRE(native.size() == 1);
       CHECK(native.front().deterministic());
-      for (const GraphSearchOptions& options : {only_heuristics(1), GraphSearchOptions{}}) {
+      for (const SearchBounds& bounds : {only_heuristics(1), SearchBounds{}}) {
         const std::vector<EngineCandidate> configs =
-            search_engine_configs(handle.handle, key, operands.buffers(), allocate, options);
+            search_engine_configs(handle.handle, key, operands.buffers(), allocate, GraphSearchOptions{}, bounds);
         for (const EngineCandidate& config : configs) {
           CHECK(config.numerical_notes != EngineCandidate::kNotesUnknown);
         }
@@ -945,19 +949,20 @@ TEST_CASE("a deterministic call runs the ranking's deterministic configs; withou
   check_matches_legacy(handle.handle, key, operands, problem.tolerance);
 }
 
-TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob variants", "[gpu][graph][search]") {
+TEST_CASE("the search's bounds bound what is timed: heuristics, mode B, knob variants", "[gpu][graph][search]") {
   Handle handle;
   const Problem problem = problems()[1];
   std::mt19937 random(13);
   Operands operands(problem.key, random);
-  const auto search = [&](const GraphSearchOptions& options) {
-    return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options);
+  const auto search = [&](const SearchBounds& bounds) {
+    return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, GraphSearchOptions{},
+                                 bounds);
   };
 
   const std::vector<EngineCandidate> first = search(only_heuristics(1));
   REQUIRE(first.size() == 1);
 
-  GraphSearchOptions with_variants = only_heuristics(1);
+  SearchBounds with_variants = only_heuristics(1);
   with_variants.knob_variants = 4;
   const std::vector<EngineCandidate> variants = search(with_variants);
   INFO(variants.size() << " configs for " << problem.key);
@@ -968,14 +973,14 @@ TEST_CASE("the search's options bound what is timed: heuristics, mode B, knob va
     CHECK(config.knob_count == first.front().knob_count);
   }
 
-  GraphSearchOptions with_mode_b = only_heuristics(1);
+  SearchBounds with_mode_b = only_heuristics(1);
   with_mode_b.mode_b_candidates = 3;
   const std::vector<EngineCandidate> mode_b = search(with_mode_b);
   CHECK(mode_b.size() >= 1);
   CHECK(mode_b.size() <= 4);
   CHECK(distinct_choices(mode_b));
 
-  const std::vector<EngineCandidate> all = search({});
+  const std::vector<EngineCandidate> all = search(SearchBounds{});
   CHECK(all.size() >= search(only_heuristics(10)).size());
   CHECK(distinct_choices(all));
 }
@@ -1028,11 +1033,11 @@ TEST_CASE("plans built on worker threads: the search times the same heuristic co
     std::mt19937 random(16);
     Operands operands(problem.key, random);
     const auto search = [&](int threads, std::shared_ptr<const GraphPlan>* best, double* ms) {
-      GraphSearchOptions options = only_heuristics(10);
+      GraphSearchOptions options;
       options.build_threads = threads;
       const auto started = std::chrono::steady_clock::now();
-      std::vector<EngineCandidate> configs =
-          search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, best);
+      std::vector<EngineCandidate> configs = search_engine_configs(handle.handle, problem.key, operands.buffers(),
+                                                                   allocate, options, only_heuristics(10), best);
       *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
       return configs;
     };
@@ -1068,15 +1073,17 @@ TEST_CASE("an exhaustive search times every heuristic config, keeps at least wha
     INFO(problem.name);
     std::mt19937 random(17);
     Operands operands(problem.key, random);
-    const auto search = [&](const GraphSearchOptions& options, std::shared_ptr<const GraphPlan>* best = nullptr) {
-      return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, best);
+    const auto search = [&](const GraphSearchOptions& options, const SearchBounds& bounds,
+                            std::shared_ptr<const GraphPlan>* best = nullptr) {
+      return search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, options, bounds, best);
     };
-    const std::vector<EngineCandidate> usual = search({});
-    const std::vector<EngineCandidate> every_heuristic = search(only_heuristics(1000));  // no bound on step 1
+    const std::vector<EngineCandidate> usual = search(GraphSearchOptions{}, SearchBounds{});
+    const std::vector<EngineCandidate> every_heuristic =
+        search(GraphSearchOptions{}, only_heuristics(1000));  // no bound on step 1
     GraphSearchOptions options;
     options.exhaustive = true;
     std::shared_ptr<const GraphPlan> best;
-    const std::vector<EngineCandidate> all = search(options, &best);
+    const std::vector<EngineCandidate> all = search(options, SearchBounds{}, &best);
     WARN(problem.name << ": " << usual.size() << " configs kept by the default search, " << every_heuristic.size()
                       << " heuristic configs in all, " << all.size() << " kept by an exhaustive search");
     CHECK(all.size() <= kMaxEngineConfigs);
@@ -1110,10 +1117,10 @@ TEST_CASE("audit times the stored config against the configs both native modes p
     }
     CHECK(audit.stored_again_ms > 0.0f);
     // benchmark=False runs the first config of the heuristic order that runs: the one-candidate search's.
-    const std::vector<EngineCandidate> heuristic_order =
-        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, only_heuristics(10));
-    const std::vector<EngineCandidate> first =
-        search_engine_configs(handle.handle, problem.key, operands.buffers(), allocate, only_heuristics(1));
+    const std::vector<EngineCandidate> heuristic_order = search_engine_configs(
+        handle.handle, problem.key, operands.buffers(), allocate, GraphSearchOptions{}, only_heuristics(10));
+    const std::vector<EngineCandidate> first = search_engine_configs(
+        handle.handle, problem.key, operands.buffers(), allocate, GraphSearchOptions{}, only_heuristics(1));
     CHECK(audit.heuristic.config.same_choice(first.front()));
     // benchmark=True picks among the same ten.
     CHECK(std::any_of(heuristic_order.begin(), heuristic_order.end(),
@@ -1148,7 +1155,7 @@ TEST_CASE("settling puts native's faster pick before a stored config that is slo
     const SettledChoice settled = settle_engine_choice(handle.handle, problem.key, operands.buffers(), allocate,
                                                        misjudged, GraphSearchOptions{});
     CHECK(settled.audit.stored.config.same_choice(slowest));
-    CHECK(settled.audit.stored.round_ms.size() == 3 * static_cast<std::size_t>(GraphSearchOptions{}.repetitions));
+    CHECK(settled.audit.stored.round_ms.size() == 3 * static_cast<std::size_t>(SearchBounds{}.repetitions));
     const auto now = Ranking<GraphForwardTraits>::of(settled.configs.begin(), settled.configs.end());
     INFO("settled first: " << to_string(now.front()) << "; native's picks " << to_string(settled.audit.heuristic.config)
                            << " and " << to_string(settled.audit.benchmark.config));
@@ -1188,8 +1195,8 @@ TEST_CASE("a heuristic config with knobs cudnn-frontend cannot name is stored by
     INFO(to_string(direction));
     std::mt19937 random(15);
     Operands operands(key, random);
-    const std::vector<EngineCandidate> first =
-        search_engine_configs(handle.handle, key, operands.buffers(), allocate, only_heuristics(1));
+    const std::vector<EngineCandidate> first = search_engine_configs(handle.handle, key, operands.buffers(), allocate,
+                                                                     GraphSearchOptions{}, only_heuristics(1));
     REQUIRE(first.size() == 1);
     const ChoiceAudit audit = audit_engine_choice(handle.handle, key, operands.buffers(), allocate, first.front());
     INFO("heuristics' first pick: " << to_string(audit.heuristic.config) << "; the search's: "

@@ -391,7 +391,7 @@ def test_without_a_gpu_exits_2_and_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("arguments", [["--steps", "5"], ["--modes", "cache_warm"], ["--workloads", "vgg"],
                                        ["--workloads", "seed,vgg"], ["--timeout", "0"], ["--backend", "cudnn"],
-                                       ["--tuning", "flush_l2"], ["--tuning", "repetitions=many"], ["--rounds", "0"],
+                                       ["--tuning", "exhaustive"], ["--tuning", "build_threads=many"], ["--rounds", "0"],
                                        ["--audit-repeats", "2"], ["--overhead-rounds", "3"]])
 def test_bad_arguments_exit_2(arguments):
     with pytest.raises(SystemExit) as raised:
@@ -418,9 +418,9 @@ def test_default_arguments_and_where_results_go():
 
 
 def test_the_settings_reach_each_case_and_parse_back():
-    args = bench.parse_args(["--tuning", "flush_l2=0", "repetitions=9", "give_up_ratio=2.5", "exhaustive=1",
+    args = bench.parse_args(["--tuning", "rank_deterministic=0", "build_threads=9", "exhaustive=1",
                              "--audit", "--audit-repeats", "2", "--steps", "20"])
-    assert args.tuning == {"flush_l2": False, "repetitions": 9, "give_up_ratio": 2.5, "exhaustive": True}
+    assert args.tuning == {"rank_deterministic": False, "build_threads": 9, "exhaustive": True}
     assert args.settle  # exhaustive settles, as scripts/warm_start.py --exhaustive does
     command, env = bench.command_of(args)("seed", "cache_cold", "/tmp/seed.cache")
     assert command[:3] == [sys.executable, "-m", "benchmarks.models"] and env is None  # run from the root

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
+import testing_ops
 from conftest import cache_calls, intercepting, through, uses_cache
 
 try:
@@ -319,9 +320,9 @@ def report(path, device, dtype_name, layout, source, run, passed):
 def conformance_state(cache_state, torch_flags):
     """An empty cache with cheap tuning: every miss is tuned (so hits run stored engine configs) but one
     candidate is enough here, where only results count."""
-    cudnn_cache.set_tuning_options(warmup=0, repetitions=1, max_candidates=1, mode_b_candidates=0, knob_variants=0,
-                                   finalists=0, flush_l2=False)
-    yield
+    with testing_ops.search_bounds(warmup=0, repetitions=1, max_candidates=1, mode_b_candidates=0, knob_variants=0,
+                                   finalists=0, flush_l2=False):
+        yield
 
 
 def configurations():

@@ -7,6 +7,7 @@ import collections
 import contextlib
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
+import testing_ops
 from cudnn_cache import distributed
 from conftest import intercepting, through, uses_cache
 
@@ -544,19 +546,19 @@ def test_query_misses_then_lists_the_ranking_after_a_run(backend):
     assert cudnn_cache.query("backward_data", cudnn_cache.conv_key("backward_data", x, w, *args)) is None
 
 
-def test_tuning_options_bound_what_a_search_stores():
+def test_search_bounds_bound_what_a_search_stores():
     x, w = randn(4, 16, 16, 16, dtype=torch.float16), randn(32, 16, 3, 3, dtype=torch.float16)
     args = ([1, 1], [1, 1], [1, 1], 1)
     key = cudnn_cache.conv_key("forward", x, w, *args)
-    cudnn_cache.set_tuning_options(max_candidates=1, mode_b_candidates=0, knob_variants=0)
-    ops.convolution(x, w, None, *args)
+    with testing_ops.search_bounds(max_candidates=1, mode_b_candidates=0, knob_variants=0):
+        ops.convolution(x, w, None, *args)
     only = cudnn_cache.query("forward", key)
     assert len(only) == 1
 
     cudnn_cache.clear()
-    cudnn_cache.set_tuning_options(knob_variants=4)  # the one heuristic pick and its knob neighbours
     expected = F.conv2d(x, w, None, *args)
-    assert_close_scaled(ops.convolution(x, w, None, *args), expected, TOLERANCE[torch.float16], "knob variant")
+    with testing_ops.search_bounds(max_candidates=1, mode_b_candidates=0):  # the heuristic pick, knob neighbours
+        assert_close_scaled(ops.convolution(x, w, None, *args), expected, TOLERANCE[torch.float16], "knob variant")
     ranking = cudnn_cache.query("forward", key)
     assert 1 <= len(ranking) <= 5
     assert {entry["engine_id"] for entry in ranking} == {only[0]["engine_id"]}
@@ -875,10 +877,11 @@ def test_cudnn_cache_log_debug_shows_misses_tunes_and_hits(child_env):
 
 
 REACH_SCRIPT = r"""
-import torch, cudnn_cache
+import torch, cudnn_cache, testing_ops
 # Two candidates per search, built on worker threads in this process: bf16 channels-last depthwise and 1x1
 # convolutions, whose heuristics' lists hold runtime-compiled candidates past their first two.
-cudnn_cache.set_tuning_options(max_candidates=2, build_threads=4, mode_b_candidates=0, knob_variants=0, finalists=0)
+cudnn_cache.set_tuning_options(build_threads=4)
+testing_ops.set_search_bounds(max_candidates=2, mode_b_candidates=0, knob_variants=0, finalists=0)
 for c, k, groups in ((96, 3, 96), (96, 1, 1), (144, 3, 144)):
     x = torch.randn(8, c, 28, 28, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     x = x.contiguous(memory_format=torch.channels_last)
@@ -893,7 +896,8 @@ def test_search_workers_build_only_what_step_1_takes(child_env):
     # Note [Parallel candidate builds]: a worker that compiled a candidate past step 1's reach compiled for
     # nothing, and the search waited for it at its end (on the H200, 350-540 ms in 60 of a cold MobileNetV2's
     # 90 searches).
-    env = dict(child_env, CUDNN_CACHE_LOG="debug")
+    env = dict(child_env, CUDNN_CACHE_LOG="debug",  # and testing_ops beside this file
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), child_env["PYTHONPATH"]]))
     result = subprocess.run([sys.executable, "-c", REACH_SCRIPT], env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr

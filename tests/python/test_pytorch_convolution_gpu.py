@@ -54,6 +54,7 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cudnn_cache
+import testing_ops
 from conftest import cache_calls, intercepting
 
 pytestmark = pytest.mark.gpu
@@ -99,17 +100,17 @@ def dtype_id(dtype: torch.dtype) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def module_cache():
-    """One cache for the whole module, tuned quickly. Unlike conftest's cache_state, entries are not cleared
-    between tests: many tests share keys, and tuning each again would multiply the module's run time. The miss
-    policy, backend and tuning options found are restored, and the cache cleared, at the end."""
-    policy, backend, options = cudnn_cache.miss_policy(), cudnn_cache.backend(), cudnn_cache.tuning_options()
+    """One cache for the whole module, tuned quickly (short searches: testing_ops.search_bounds). Unlike conftest's
+    cache_state, entries are not cleared between tests: many tests share keys, and tuning each again would
+    multiply the module's run time. The miss policy and backend found are restored, and the cache cleared, at the
+    end."""
+    policy, backend = cudnn_cache.miss_policy(), cudnn_cache.backend()
     cudnn_cache.clear()
     cudnn_cache.reset_stats()
     cudnn_cache.set_miss_policy("tune")
-    cudnn_cache.set_tuning_options(warmup=1, repetitions=2, max_candidates=4, mode_b_candidates=0, knob_variants=0,
-                                   finalists=0)
-    yield
-    cudnn_cache.set_tuning_options(**options)
+    with testing_ops.search_bounds(warmup=1, repetitions=2, max_candidates=4, mode_b_candidates=0, knob_variants=0,
+                                   finalists=0):
+        yield
     cudnn_cache.set_miss_policy(policy)
     cudnn_cache.set_backend(backend)
     cudnn_cache.clear()

@@ -1,7 +1,9 @@
 """Synthetic cache entries for the tests, through libcudnn_cache_testing.so (tests/torch/testing_ops.cpp): built
 with the tests and never shipped, it writes the entries to a file, which is then loaded with cudnn_cache.load,
-as any cache file is. So the shipped ops library carries no test helpers."""
+as any cache file is. So the shipped ops library carries no test helpers. It also shortens searches, for tests
+that tune many keys (search_bounds)."""
 
+import contextlib
 import os
 import pathlib
 import tempfile
@@ -42,3 +44,21 @@ def add_synthetic_ranking(key: Sequence[int], backend: str, origin_name: str, or
     the origin: where a search would store one."""
     _load(lambda path: _ops().write_synthetic_ranking(path, list(key), backend, origin_name, list(origin_numbers),
                                                       seed))
+
+
+def set_search_bounds(**bounds) -> None:
+    """This process's later searches time within `bounds` (warmup, repetitions, max_candidates, mode_b_candidates,
+    knob_variants, finalists, flush_l2, give_up_ratio; the others at their constants; none: the constants), as a
+    test that tunes many keys needs. No tuning option sets them: Note [Search bounds] in
+    extension/src/search_bounds.h."""
+    _ops().set_search_bounds(cudnn_cache.library_path(), **bounds)
+
+
+@contextlib.contextmanager
+def search_bounds(**bounds):
+    """set_search_bounds(**bounds) within the block, the constants again after it."""
+    set_search_bounds(**bounds)
+    try:
+        yield
+    finally:
+        set_search_bounds()

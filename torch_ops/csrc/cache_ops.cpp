@@ -266,30 +266,17 @@ void set_backend(const std::string& backend) {
 
 std::string get_backend() { return to_string(Runtime::instance().backend()); }
 
-// Changes the named fields of the graph API's search options; the others keep their values.
-void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::int64_t> repetitions,
-                        std::optional<std::int64_t> max_candidates, std::optional<std::int64_t> mode_b_candidates,
-                        std::optional<std::int64_t> knob_variants, std::optional<std::int64_t> finalists,
-                        std::optional<bool> flush_l2, std::optional<double> give_up_ratio,
-                        std::optional<std::int64_t> build_threads, std::optional<bool> exhaustive,
+// Changes the named tuning options (Note [Search bounds]: the search's other settings are constants); the others
+// keep their values.
+void set_tuning_options(std::optional<std::int64_t> build_threads, std::optional<bool> exhaustive,
                         std::optional<bool> rank_deterministic) {
   Runtime& runtime = Runtime::instance();
   GraphSearchOptions options = runtime.search_options();
-  const auto narrow = [](std::optional<std::int64_t> value, int& field, const char* name) {
-    if (!value) return;
-    TORCH_CHECK(*value >= 0 && *value <= 1000, "cudnn_cache.set_tuning_options: ", name,
-                " must be between 0 and 1000, got ", *value);
-    field = static_cast<int>(*value);
-  };
-  narrow(warmup, options.warmup, "warmup");
-  narrow(repetitions, options.repetitions, "repetitions");
-  narrow(max_candidates, options.max_candidates, "max_candidates");
-  narrow(mode_b_candidates, options.mode_b_candidates, "mode_b_candidates");
-  narrow(knob_variants, options.knob_variants, "knob_variants");
-  narrow(finalists, options.finalists, "finalists");
-  narrow(build_threads, options.build_threads, "build_threads");
-  if (flush_l2) options.flush_l2 = *flush_l2;
-  if (give_up_ratio) options.give_up_ratio = static_cast<float>(*give_up_ratio);
+  if (build_threads) {
+    TORCH_CHECK(*build_threads >= 0 && *build_threads <= 1000, "cudnn_cache.set_tuning_options: build_threads "
+                "must be between 0 and 1000 (0: the cores this process may use), got ", *build_threads);
+    options.build_threads = static_cast<int>(*build_threads);
+  }
   if (exhaustive) options.exhaustive = *exhaustive;
   if (rank_deterministic) options.rank_deterministic = *rank_deterministic;
   rethrow([&] { runtime.set_search_options(options); });
@@ -298,14 +285,6 @@ void set_tuning_options(std::optional<std::int64_t> warmup, std::optional<std::i
 c10::Dict<std::string, c10::IValue> get_tuning_options() {
   const GraphSearchOptions options = Runtime::instance().search_options();
   CandidateDict result = candidate_dict();
-  result.insert("warmup", static_cast<std::int64_t>(options.warmup));
-  result.insert("repetitions", static_cast<std::int64_t>(options.repetitions));
-  result.insert("max_candidates", static_cast<std::int64_t>(options.max_candidates));
-  result.insert("mode_b_candidates", static_cast<std::int64_t>(options.mode_b_candidates));
-  result.insert("knob_variants", static_cast<std::int64_t>(options.knob_variants));
-  result.insert("finalists", static_cast<std::int64_t>(options.finalists));
-  result.insert("flush_l2", options.flush_l2);
-  result.insert("give_up_ratio", static_cast<double>(options.give_up_ratio));
   result.insert("build_threads", static_cast<std::int64_t>(options.build_threads));
   result.insert("exhaustive", options.exhaustive);
   result.insert("rank_deterministic", options.rank_deterministic);

@@ -52,10 +52,7 @@ TORCH_LIBRARY(cudnn_cache, m) {
   m.def("get_workspace_limit() -> int?");
   m.def("set_backend(str backend) -> ()");
   m.def("get_backend() -> str");
-  m.def("set_tuning_options(int? warmup=None, int? repetitions=None, int? max_candidates=None, "
-        "int? mode_b_candidates=None, int? knob_variants=None, int? finalists=None, bool? flush_l2=None, "
-        "float? give_up_ratio=None, int? build_threads=None, bool? exhaustive=None, "
-        "bool? rank_deterministic=None) -> ()");
+  m.def("set_tuning_options(int? build_threads=None, bool? exhaustive=None, bool? rank_deterministic=None) -> ()");
   m.def("get_tuning_options() -> Dict(str, Any)");
   m.def("audit(int? device=None) -> Dict(str, Any)[]");
   m.def("settle(int? device=None) -> Dict(str, Any)[]");

@@ -260,25 +260,18 @@ def backend() -> str:
 
 
 def set_tuning_options(**options) -> None:
-    """How later graph-API searches time candidates; the fields not named keep their values:
+    """How later graph-API searches tune; the options not named keep their values. How a search times its
+    candidates, and how many of each kind, are the search's own constants (Note [Search bounds] in
+    extension/src/search_bounds.h): it times what native benchmark mode times and a little more, then decides
+    between its fastest and native's two picks in paired rounds, so that a stored choice is not slower than
+    native's pick (docs/HOW_IT_WORKS.md).
 
-    - warmup (3): untimed runs of each candidate first; repetitions (7): timed runs, the median is kept;
-    - max_candidates (10): configs of cuDNN's heuristics (mode A, then the fallback list) built and timed;
-    - mode_b_candidates (3): then heuristics mode B's first picks; knob_variants (4): then the best config so
-      far with one knob moved to a neighbouring value;
-    - finalists (3): then the fastest this many and native's two picks (heuristics' first, and benchmark
-      mode's: the fastest of the first max_candidates) are timed again, together in interleaved rounds, and
-      that decides: the faster of native's picks in the median is the reference, and a challenger leads it
-      only if those rounds show it faster (a sign test: with 7 repetitions, faster in every round); 0 keeps
-      the first timings, without that guarantee;
-    - flush_l2 (True): write twice the L2 cache before each timed run, as a network's layers find it;
-    - give_up_ratio (1.5): stop timing a candidate whose first 3 runs are all slower than this x the best;
     - build_threads (0): threads that build the heuristics' runtime-compiled candidates (cuDNN compiles some
       engines at run time, 50-250 ms each) while the calling thread times those built; 0: the cores this
       process may run on; 1: build on the calling thread only;
     - exhaustive (False): for offline tuning (scripts/warm_start.py --exhaustive): every config of cuDNN's
-      heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least;
-      the bounds above on candidates are ignored. Minutes per model, paid once;
+      heuristics modes A and B and the fallback list, knob variants up to 4 steps away, 5 finalists at least,
+      in place of the search's bounds. Minutes per model, paid once;
     - rank_deterministic (False): also time the deterministic configs again beside native's deterministic picks
       in the finalists' rounds, as a deterministic call's own search does, so that what deterministic calls
       run (the ranking's first deterministic config) is settled too; for tuning ahead of deterministic
@@ -291,7 +284,7 @@ def set_tuning_options(**options) -> None:
     if removed:
         raise TypeError(f"set_tuning_options: {', '.join(removed)} "
                         f"{'was' if len(removed) == 1 else 'were'} removed: "
-                        f"{'; '.join(_REMOVED_TUNING_OPTIONS[name] for name in removed)}")
+                        f"{'; '.join(dict.fromkeys(_REMOVED_TUNING_OPTIONS[name] for name in removed))}")
     unknown = set(options) - set(tuning_options())
     if unknown:
         raise TypeError(f"set_tuning_options: unknown option(s) {sorted(unknown)}; "
@@ -300,7 +293,16 @@ def set_tuning_options(**options) -> None:
 
 
 # Options set_tuning_options once took, and what to do instead.
+_FIXED_TIMING = ("how a search times each candidate (warm-up, the median of 7 runs, the L2 flush, the early stop) "
+                 "is fixed: its paired rounds against native's picks rest on it (Note [Search bounds] in "
+                 "extension/src/search_bounds.h); leave it out")
+_FIXED_BOUNDS = ("the search's bounds are constants (Note [Search bounds] in extension/src/search_bounds.h); "
+                 "for a wider search pass exhaustive=True (scripts/warm_start.py --exhaustive), and for less "
+                 "tuning in the training process record the misses (set_miss_policy('record'), save) and tune the "
+                 "file offline with `python -m cudnn_cache tune FILE --jobs N`")
 _REMOVED_TUNING_OPTIONS = {
+    **{name: _FIXED_TIMING for name in ("warmup", "repetitions", "flush_l2", "give_up_ratio")},
+    **{name: _FIXED_BOUNDS for name in ("max_candidates", "mode_b_candidates", "knob_variants", "finalists")},
     "build_processes": "searches build plans in this process only (build_threads); to overlap cuDNN's "
                        "compilations across processes, record the keys (set_miss_policy('record'), save) and tune "
                        "the file with `python -m cudnn_cache tune FILE --jobs N`",

@@ -21,7 +21,8 @@
 // and nameable knobs are checked to be the same before the plan is used. So the search times, and a replay
 // runs, the very plan native runs.
 //
-// Candidates, in the order they are timed (GraphSearchOptions bounds each step):
+// Candidates, in the order they are timed (the search's bounds, Note [Search bounds] in
+// extension/src/search_bounds.h, bound each step):
 //   1. heuristics mode A, then the fallback list, after the filters PyTorch applies too: no down-converting
 //      inputs; no TF32 tensor cores for float when the key's math type is FMA (allow_tf32 off); deterministic
 //      engines only when asked. The lists overlap, so each plan name is timed once. The first
@@ -76,7 +77,8 @@
 #include "cudnn_cache/vocabulary.h"
 
 namespace cudnn_cache::graph_internal {
-class Graph;  // cudnn-frontend's graph (graph_internal.h)
+class Graph;          // cudnn-frontend's graph (graph_internal.h)
+struct SearchBounds;  // the search's constants (Note [Search bounds] in search_bounds.h)
 }
 
 namespace cudnn_cache {
@@ -84,15 +86,22 @@ namespace cudnn_cache {
 // The alignment, in bytes, that the graph API's tensors are described with and its buffers must have.
 inline constexpr std::size_t kGraphAlignment = 32;
 
-// Times every engine config cuDNN offers for the key on the buffers and returns them ranked (Note
-// [Selection, merge and fallback policy]). The direction's output buffer is overwritten. Throws Error if cuDNN
-// cannot express the problem as a graph or no config runs.
+// Times the engine configs cuDNN offers for the key on the buffers, within the search's bounds (Note [Search
+// bounds]), and returns them ranked (Note [Selection, merge and fallback policy]). The direction's output buffer
+// is overwritten. Throws Error if cuDNN cannot express the problem as a graph or no config runs.
 // With `best_plan`, also hands back the plan the search built for the best config, so that an engine cuDNN
 // compiles at run time need not be compiled again (PlanCache::adopt restores its serialized bytes).
 class GraphPlan;
 std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
                                                 const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
                                                 const GraphSearchOptions& options = {},
+                                                std::shared_ptr<const GraphPlan>* best_plan = nullptr);
+// The same within other bounds: for the runtime, where tests shorten its searches, and for tests
+// (search_bounds.h, which graph_internal.h includes, declares the bounds).
+std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t handle, const ConvolutionKey& key,
+                                                const ConvolutionBuffers& buffers, const WorkspaceAllocator& allocate,
+                                                const GraphSearchOptions& options,
+                                                const graph_internal::SearchBounds& bounds,
                                                 std::shared_ptr<const GraphPlan>* best_plan = nullptr);
 
 // Native heuristics' own choice for a key and its plan (Note [Native heuristics' choice] in runtime.h).
@@ -139,7 +148,9 @@ class GraphPlan {
                                                          std::uint64_t);
   friend std::vector<EngineCandidate> search_engine_configs(cudnnHandle_t, const ConvolutionKey&,
                                                          const ConvolutionBuffers&, const WorkspaceAllocator&,
-                                                         const GraphSearchOptions&, std::shared_ptr<const GraphPlan>*);
+                                                         const GraphSearchOptions&,
+                                                         const graph_internal::SearchBounds&,
+                                                         std::shared_ptr<const GraphPlan>*);
   GraphPlan(Direction direction, std::shared_ptr<graph_internal::Graph> graph, std::uint64_t workspace_bytes)
       : direction_(direction), graph_(std::move(graph)), workspace_bytes_(workspace_bytes) {}
 
@@ -166,8 +177,8 @@ struct ChoiceAudit {
 };
 
 // Finds the configs PyTorch's two modes would pick for the key (PyTorch's own lists, filters and single
-// timing), then times them and `stored` (twice) the same way, interleaved in `options.repetitions` rounds, each
-// run after an L2 flush (options.flush_l2), and keeps each one's median (Note [Engine configs]). The
+// timing), then times them and `stored` (twice) the same way, interleaved in as many rounds as a search's timed
+// runs (Note [Search bounds]), each run after an L2 flush, and keeps each one's median (Note [Engine configs]). The
 // direction's output buffer is overwritten. Throws Error if the stored config does not build or nothing runs.
 ChoiceAudit audit_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                 const WorkspaceAllocator& allocate, const EngineCandidate& stored,
@@ -180,12 +191,12 @@ struct SettledChoice {
 };
 
 // Decides a key's choice again in steady state (Note [Settling in steady state] in paired_timing.h): audits
-// `ranked`'s first config (a key's ranking, best first) with 3 x options.repetitions rounds, as many as a
+// `ranked`'s first config (a key's ranking, best first) with 3 x a search's rounds per pass, as many as a
 // search's rounds take where they cannot decide, and lets a native pick take its place only where those rounds
 // show that pick faster. The direction's output buffer is overwritten. Throws Error as audit_engine_choice does.
 SettledChoice settle_engine_choice(cudnnHandle_t handle, const ConvolutionKey& key, const ConvolutionBuffers& buffers,
                                    const WorkspaceAllocator& allocate, const std::vector<EngineCandidate>& ranked,
-                                   GraphSearchOptions options = {});
+                                   const GraphSearchOptions& options = {});
 
 // Checks, without a GPU, that cudnn-frontend accepts the key as a graph. Returns "" or what it rejected.
 std::string check_graph(const ConvolutionKey& key);

@@ -95,8 +95,8 @@ std::string algorithm_name(Direction direction, int algorithm);
 // At most this many legacy candidates are kept per key: every algorithm of the largest direction.
 inline constexpr std::size_t kMaxCandidates = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
 
-// At most this many engine configs are kept per key: more than a graph search times (GraphSearchOptions
-// allows at most this many, so none it timed is dropped).
+// At most this many engine configs are kept per key: more than a graph search times (Note [Search bounds]
+// keeps its bounds within this, so none it timed is dropped).
 inline constexpr std::size_t kMaxEngineConfigs = 32;
 
 // One measured algorithm choice for a key.

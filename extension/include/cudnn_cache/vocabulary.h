@@ -72,16 +72,9 @@ std::string within_workspace_limit(std::uint64_t limit);
 // 1: what "0 threads" means for a search's plan builds and for prepare().
 int usable_cores();
 
-// How the graph API's search times candidates; see Note [Engine configs].
+// A graph-API search's options (Note [Engine configs]); how it times candidates, and how many, are the search's
+// own constants (Note [Search bounds] in extension/src/search_bounds.h).
 struct GraphSearchOptions {
-  int warmup = 3;              // untimed runs of each candidate before its timed runs
-  int repetitions = 7;         // timed runs; the median is kept
-  int max_candidates = 10;     // configs of heuristics mode A and the fallback list built and timed, in order
-  int mode_b_candidates = 3;   // then heuristics mode B's first picks, where they are not among those
-  int knob_variants = 4;       // then the best so far with one knob moved to a neighbouring value
-  int finalists = 3;           // then the fastest this many and native's two picks, timed again together
-  bool flush_l2 = true;        // write 2x the L2 cache size before each timed run
-  float give_up_ratio = 1.5f;  // a candidate whose first 3 runs are all slower than this x the best stops
   bool deterministic = false;  // only configs cuDNN reports deterministic
   // Also rank the deterministic configs against native's deterministic picks in the paired rounds (Note [Never
   // slower than native's pick]): set for the search of a deterministic call's miss, and for every search by the
@@ -92,8 +85,8 @@ struct GraphSearchOptions {
   // candidate builds] in graph_search.cpp); 0: the cores this process may run on. 1 builds on the caller only.
   int build_threads = 0;
   // Offline tuning (Note [Exhaustive search] in graph_search.cpp): every config of heuristics modes A and B and
-  // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least;
-  // the bounds above on candidates are then ignored.
+  // the fallback list, knob variants up to 4 steps away (runtime-compiled engines too), and 5 finalists at least,
+  // in place of the search's bounds on candidates.
   bool exhaustive = false;
   // Configs that need more workspace are not timed: the runtime's workspace limit (Note [Workspace limit]).
   std::uint64_t max_workspace_bytes = std::numeric_limits<std::uint64_t>::max();
