@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "../attention.h"
@@ -113,18 +114,35 @@ float softmax_scale(const at::Tensor& q, std::optional<double> scale) {
   return static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))));
 }
 
-AttentionKey common_key(AttentionDirection direction, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        const std::optional<at::Tensor>& bias, double dropout_p, bool is_causal) {
+// The key and buffers of what both directions have: q, k, v, the output, the stats, the bias, dropout's seed and
+// offset (where there is dropout), the scale.
+std::pair<AttentionKey, AttentionBuffers> common_call(AttentionDirection direction, const at::Tensor& q,
+                                                      const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                                      const at::Tensor& stats, const std::optional<at::Tensor>& bias,
+                                                      const at::Tensor& seed, const at::Tensor& offset,
+                                                      double dropout_p, bool is_causal, std::optional<double> scale) {
   AttentionKey key;
   key.direction = static_cast<std::int64_t>(direction);
   key.data_type = q.scalar_type() == at::kBFloat16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
   key.is_causal = is_causal;
+  key.stats = stats.defined();
   key.set_dropout_probability(static_cast<float>(dropout_p));
   key.q = operand_of(q);
   key.k = operand_of(k);
   key.v = operand_of(v);
+  key.o = operand_of(out);
   if (bias) key.bias = operand_of(*bias);
-  return key;
+  AttentionBuffers buffers;
+  buffers.q = q.data_ptr();
+  buffers.k = k.data_ptr();
+  buffers.v = v.data_ptr();
+  buffers.o = out.data_ptr();
+  buffers.stats = stats.defined() ? stats.data_ptr() : nullptr;
+  buffers.bias = bias ? bias->data_ptr() : nullptr;
+  buffers.seed = key.dropout_bits != 0 ? seed.data_ptr() : nullptr;
+  buffers.offset = key.dropout_bits != 0 ? offset.data_ptr() : nullptr;
+  buffers.scale = softmax_scale(q, scale);
+  return {key, buffers};
 }
 
 void run(const AttentionKey& key, const at::Tensor& q, AttentionBuffers buffers) {
@@ -176,19 +194,8 @@ ForwardResult attention_forward(const at::Tensor& q, const at::Tensor& k, const 
     offset = at::empty({}, scalar);
   }
   if (q.numel() > 0 && k.numel() > 0 && v.numel() > 0) {
-    AttentionKey key = common_key(AttentionDirection::forward, q, k, v, bias, dropout_p, is_causal);
-    key.stats = compute_log_sumexp;
-    key.o = operand_of(out);
-    AttentionBuffers buffers;
-    buffers.q = q.data_ptr();
-    buffers.k = k.data_ptr();
-    buffers.v = v.data_ptr();
-    buffers.o = out.data_ptr();
-    buffers.stats = compute_log_sumexp ? stats.data_ptr() : nullptr;
-    buffers.bias = bias ? bias->data_ptr() : nullptr;
-    buffers.seed = seed.data_ptr();
-    buffers.offset = offset.data_ptr();
-    buffers.scale = softmax_scale(q, scale);
+    const auto [key, buffers] = common_call(AttentionDirection::forward, q, k, v, out, stats, bias, seed, offset,
+                                            dropout_p, is_causal, scale);
     run(key, q, buffers);
   }
   return {out, stats, at::Tensor(), at::Tensor(), c10::SymInt(max_q), c10::SymInt(max_k), seed, offset, at::Tensor()};
@@ -222,27 +229,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     return {dq, dk, dv};
   }
   const at::Tensor d_o = grad_out.stride(3) == 1 ? grad_out : matching_layout(out, grad_out);
-  AttentionKey key = common_key(AttentionDirection::backward, q, k, v, bias, dropout_p, is_causal);
-  key.stats = 1;
-  key.o = operand_of(out);
+  auto [key, buffers] = common_call(AttentionDirection::backward, q, k, v, out, stats, bias, philox_seed,
+                                    philox_offset, dropout_p, is_causal, scale);
   key.d_o = operand_of(d_o);
   key.d_q = operand_of(dq);
   key.d_k = operand_of(dk);
   key.d_v = operand_of(dv);
-  AttentionBuffers buffers;
-  buffers.q = q.data_ptr();
-  buffers.k = k.data_ptr();
-  buffers.v = v.data_ptr();
-  buffers.o = out.data_ptr();
-  buffers.stats = stats.data_ptr();
-  buffers.bias = bias ? bias->data_ptr() : nullptr;
-  buffers.seed = dropout_p != 0.0 ? philox_seed.data_ptr() : nullptr;
-  buffers.offset = dropout_p != 0.0 ? philox_offset.data_ptr() : nullptr;
   buffers.d_o = d_o.data_ptr();
   buffers.d_q = dq.data_ptr();
   buffers.d_k = dk.data_ptr();
   buffers.d_v = dv.data_ptr();
-  buffers.scale = softmax_scale(q, scale);
   run(key, q, buffers);
   return {dq, dk, dv};
 }
