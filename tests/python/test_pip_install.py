@@ -51,7 +51,7 @@ def test_pip_install_builds_and_installs_everything(tmp_path, tool):
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stderr
     library, versions, eager = check.stdout.splitlines()
-    assert library == str(package / "lib" / "libcudnn_cache_ops.so") and versions == "0.1.0 5"
+    assert library == str(package / "lib" / "libcudnn_cache_ops.so") and versions == "0.1.0 6"
     # cudnn_cache._eager (Note [Eager calls]) beside it: this environment has Python's headers.
     assert pathlib.Path(eager).parent == package / "lib" and pathlib.Path(eager).name.startswith("_eager."), eager
 
