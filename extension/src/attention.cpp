@@ -9,6 +9,7 @@
 
 #include "cudnn_cache/error.h"
 #include "cudnn_cache/plan_store.h"
+#include "elapsed.h"
 #include "graph_internal.h"
 
 namespace cudnn_cache {
@@ -21,7 +22,9 @@ namespace {
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kScale, kSeed, kOffset, kDO, kDQ, kDK, kDV };
 
 bool present(const AttentionOperand& operand) { return operand.dims[0] != 0; }
-bool zero(const AttentionOperand& operand) { return operand.dims == decltype(operand.dims){} && operand.strides == decltype(operand.strides){}; }
+bool zero(const AttentionOperand& operand) {
+  return operand.dims == decltype(operand.dims){} && operand.strides == decltype(operand.strides){};
+}
 
 bool valid(const AttentionOperand& operand) {
   for (int d = 0; d < 4; ++d) {
@@ -36,16 +39,6 @@ std::ostream& operator<<(std::ostream& out, const AttentionOperand& operand) {
   out << "]/[";
   for (int d = 0; d < 4; ++d) out << (d ? "," : "") << operand.strides[d];
   return out << ']';
-}
-
-[[noreturn]] void throw_status(fe::error_t status, const char* what, const AttentionKey& key) {
-  const cudnnStatus_t code = status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED ? CUDNN_STATUS_NOT_SUPPORTED
-                                                                                         : CUDNN_STATUS_EXECUTION_FAILED;
-  throw Error(detail::concat("cuDNN SDPA graph: ", what, " failed (", status.get_message(), ") for ", key), code);
-}
-
-void check(fe::error_t status, const char* what, const AttentionKey& key) {
-  if (status.is_bad()) throw_status(status, what, key);
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> operand(fe::graph::Graph& graph, const char* name, Uid uid,
@@ -92,8 +85,8 @@ void set_common(fe::graph::Graph& graph, const AttentionKey& key, Attributes& at
 }
 
 // The key's operation graph, with heuristics mode A's plans listed and none built.
-std::unique_ptr<graph_internal::Graph> make_graph(cudnnHandle_t handle, const AttentionKey& key) {
-  auto graph = std::make_unique<graph_internal::Graph>();
+std::shared_ptr<graph_internal::Graph> make_graph(cudnnHandle_t handle, const AttentionKey& key) {
+  auto graph = std::make_shared<graph_internal::Graph>();
   const fe::DataType_t type = key.data_type == CUDNN_DATA_BFLOAT16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
   graph->set_io_data_type(type)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -121,14 +114,14 @@ std::unique_ptr<graph_internal::Graph> make_graph(cudnnHandle_t handle, const At
     mark_output(dv, kDV, key.d_v);
   }
   try {
-    check(graph->validate(), "validate", key);
-    check(graph->build_operation_graph(handle), "build_operation_graph", key);
-    check(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", key);
-    check(graph->check_support(handle), "check_support", key);
+    graph_internal::check_status(graph->validate(), "validate", key);
+    graph_internal::check_status(graph->build_operation_graph(handle), "build_operation_graph", key);
+    graph_internal::check_status(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", key);
+    graph_internal::check_status(graph->check_support(handle), "check_support", key);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
-    throw Error(detail::concat("cuDNN SDPA graph: ", e.what(), " for ", key), CUDNN_STATUS_NOT_SUPPORTED);
+    throw Error(detail::concat("cuDNN graph API: ", e.what(), " for ", key), CUDNN_STATUS_NOT_SUPPORTED);
   }
   return graph;
 }
@@ -177,7 +170,7 @@ std::string check_key(const AttentionKey& key) {
 }
 
 struct AttentionPlan::Graph {
-  std::unique_ptr<graph_internal::Graph> graph;
+  std::shared_ptr<graph_internal::Graph> graph;
 };
 
 AttentionPlan::AttentionPlan(cudnnHandle_t handle, const AttentionKey& key)
@@ -188,27 +181,18 @@ AttentionPlan::AttentionPlan(cudnnHandle_t handle, const AttentionKey& key)
   for (std::int64_t i = 0; i < graph.get_execution_plan_count() && built < 0; ++i) {
     built = graph_internal::build_at(graph, i);  // the first that builds, as PyTorch's build_plans does
   }
-  if (built < 0) throw Error(detail::concat("cuDNN SDPA graph: no plan builds for ", key), CUDNN_STATUS_NOT_SUPPORTED);
+  if (built < 0) throw Error(detail::concat("cuDNN graph API: no plan builds for ", key), CUDNN_STATUS_NOT_SUPPORTED);
   if (const auto config = graph_internal::describe_plan(graph, built)) config_ = *config;
   std::int64_t bytes = 0;
-  check(graph.get_workspace_size(bytes), "get_workspace_size", key);
+  graph_internal::check_status(graph.get_workspace_size(bytes), "get_workspace_size", key);
   workspace_bytes_ = static_cast<std::uint64_t>(bytes);
 }
 
 AttentionPlan::AttentionPlan(cudnnHandle_t handle, const AttentionKey& key, const std::vector<std::uint8_t>& serialized)
     : key_(key), graph_(std::make_unique<Graph>()) {
-  graph_->graph = std::make_unique<graph_internal::Graph>();
-  try {
-    check(graph_->graph->deserialize(handle, serialized, /*enforce_precompiled=*/false, /*run_warmup=*/false),
-          "deserialize", key);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {  // the JSON parser throws on bytes that are not UBJSON
-    throw Error(detail::concat("cuDNN SDPA graph: deserialize failed (", e.what(), ") for ", key),
-                CUDNN_STATUS_BAD_PARAM);
-  }
+  graph_->graph = graph_internal::restored_graph(handle, key, serialized);
   std::int64_t bytes = 0;
-  check(graph_->graph->get_workspace_size(bytes), "get_workspace_size", key);
+  graph_internal::check_status(graph_->graph->get_workspace_size(bytes), "get_workspace_size", key);
   workspace_bytes_ = static_cast<std::uint64_t>(bytes);
 }
 
@@ -217,15 +201,7 @@ AttentionPlan::AttentionPlan(AttentionPlan&&) noexcept = default;
 AttentionPlan& AttentionPlan::operator=(AttentionPlan&&) noexcept = default;
 
 std::vector<std::uint8_t> AttentionPlan::serialize() const {
-  std::vector<std::uint8_t> bytes;
-  try {
-    check(graph_->graph->serialize(bytes, /*serialize_structure=*/false), "serialize", key_);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(detail::concat("cuDNN SDPA graph: serialize failed (", e.what(), ") for ", key_));
-  }
-  return bytes;
+  return graph_internal::serialize_selected(*graph_->graph, key_);
 }
 
 void AttentionPlan::execute(cudnnHandle_t handle, const AttentionBuffers& b, void* workspace) const {
@@ -247,7 +223,7 @@ void AttentionPlan::execute(cudnnHandle_t handle, const AttentionBuffers& b, voi
     pack[kDK] = b.d_k;
     pack[kDV] = b.d_v;
   }
-  check(graph_->graph->execute(handle, pack, workspace), "execute", key_);
+  graph_internal::check_status(graph_->graph->execute(handle, pack, workspace), "execute", key_);
 }
 
 namespace {
@@ -261,11 +237,6 @@ struct ThreadPlanKey {
 struct ThreadPlanKeyHash {
   std::size_t operator()(const ThreadPlanKey& k) const { return hash_value(k.key) ^ static_cast<std::size_t>(k.device); }
 };
-
-std::uint64_t microseconds_since(std::chrono::steady_clock::time_point start) {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count());
-}
 
 }  // namespace
 

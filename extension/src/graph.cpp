@@ -26,19 +26,6 @@ using fe::graph::Tensor_attributes;
 // Fixed uids: the variant pack does not depend on the direction.
 constexpr std::int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
-// error_t's getters are not const, hence the copies.
-[[noreturn]] void throw_graph_error(fe::error_t status, const char* what, const ConvolutionKey& key) {
-  const cudnnStatus_t cudnn_status = status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED
-                                         ? CUDNN_STATUS_NOT_SUPPORTED
-                                         : CUDNN_STATUS_EXECUTION_FAILED;
-  throw Error(detail::concat("cuDNN graph API: ", what, " failed (", status.get_message(), ") for ", key),
-              cudnn_status);
-}
-
-void check_status(fe::error_t status, const char* what, const ConvolutionKey& key) {
-  if (status.is_bad()) throw_graph_error(status, what, key);
-}
-
 fe::DataType_t frontend_type(std::int32_t type) {
   switch (type) {
     case CUDNN_DATA_HALF: return fe::DataType_t::HALF;
@@ -273,36 +260,6 @@ std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, s
   return config;
 }
 
-std::shared_ptr<Graph> restored_graph(cudnnHandle_t handle, const ConvolutionKey& key,
-                                      const std::vector<std::uint8_t>& serialized) {
-  auto graph = std::make_shared<Graph>();
-  try {
-    // No warm-up: it would capture a throw-away CUDA graph on the caller's device for every plan.
-    check_status(graph->deserialize(handle, serialized, /*enforce_precompiled=*/false, /*run_warmup=*/false),
-                 "deserialize", key);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {  // the JSON parser throws on bytes that are not UBJSON
-    throw Error(detail::concat("cuDNN graph API: deserialize failed (", e.what(), ") for ", key),
-                CUDNN_STATUS_BAD_PARAM);
-  }
-  return graph;
-}
-
-std::vector<std::uint8_t> serialize_selected(const Graph& graph, Direction direction) {
-  std::vector<std::uint8_t> bytes;
-  fe::error_t status;
-  try {
-    status = graph.serialize(bytes, /*serialize_structure=*/false);
-  } catch (const std::exception& e) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
-    throw Error(detail::concat("cuDNN graph API: serialize failed (", e.what(), ") for a ", to_string(direction),
-                               " plan"));
-  }
-  CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: serialize failed (", status.get_message(), ") for a ",
-                      to_string(direction), " plan");
-  return bytes;
-}
-
 std::unordered_map<fe::KnobType_t, std::int64_t> knob_map(const EngineCandidate& config) {
   std::unordered_map<fe::KnobType_t, std::int64_t> knobs;
   for (const Knob* knob = config.knobs_begin(); knob != config.knobs_end(); ++knob) {
@@ -429,7 +386,7 @@ GraphPlan::GraphPlan(cudnnHandle_t handle, const ConvolutionKey& key, const std:
 }
 
 std::vector<std::uint8_t> GraphPlan::serialize() const {
-  return serialize_selected(*graph_, direction_);
+  return serialize_selected(*graph_, detail::concat("a ", to_string(direction_), " plan"));
 }
 
 void GraphPlan::execute(cudnnHandle_t handle, const ConvolutionBuffers& buffers, void* workspace) const {

@@ -15,6 +15,7 @@
 
 #include <cudnn_frontend.h>
 
+#include "cudnn_cache/error.h"
 #include "cudnn_cache/graph.h"
 #include "search_bounds.h"  // the bounds search_engine_configs takes
 
@@ -119,13 +120,58 @@ bool aligned(const ConvolutionBuffers& buffers);
 // to make that plan again (EngineCandidate::heuristic_index). Any other plan is its engine and nameable knobs.
 std::optional<EngineCandidate> describe_plan(Graph& graph, std::int64_t index, std::int64_t listed = 0);
 
-// A graph whose one plan (index 0, selected) is restored from GraphPlan::serialize's bytes, without building
+// What the graphs of convolutions and of attention (attention.cpp) share: errors that name the `subject` of the
+// graph (its key, or the plan's description), and restoring and serializing a plan.
+
+// The failed status of cudnn-frontend's `what` as an Error: NOT_SUPPORTED where the graph is not supported.
+// error_t's getters are not const, hence the copy.
+template <typename Subject>
+[[noreturn]] void throw_graph_error(fe::error_t status, const char* what, const Subject& subject) {
+  const cudnnStatus_t cudnn_status = status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED
+                                         ? CUDNN_STATUS_NOT_SUPPORTED
+                                         : CUDNN_STATUS_EXECUTION_FAILED;
+  throw Error(detail::concat("cuDNN graph API: ", what, " failed (", status.get_message(), ") for ", subject),
+              cudnn_status);
+}
+
+template <typename Subject>
+void check_status(fe::error_t status, const char* what, const Subject& subject) {
+  if (status.is_bad()) throw_graph_error(status, what, subject);
+}
+
+// A graph whose one plan (index 0, selected) is restored from serialize_selected's bytes, without building
 // anything (Note [Stored plans]). Throws Error if cuDNN rejects the bytes.
-std::shared_ptr<Graph> restored_graph(cudnnHandle_t handle, const ConvolutionKey& key,
-                                      const std::vector<std::uint8_t>& serialized);
+template <typename Subject>
+std::shared_ptr<Graph> restored_graph(cudnnHandle_t handle, const Subject& subject,
+                                      const std::vector<std::uint8_t>& serialized) {
+  auto graph = std::make_shared<Graph>();
+  try {
+    // No warm-up: it would capture a throw-away CUDA graph on the caller's device for every plan.
+    check_status(graph->deserialize(handle, serialized, /*enforce_precompiled=*/false, /*run_warmup=*/false),
+                 "deserialize", subject);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // the JSON parser throws on bytes that are not UBJSON
+    throw Error(detail::concat("cuDNN graph API: deserialize failed (", e.what(), ") for ", subject),
+                CUDNN_STATUS_BAD_PARAM);
+  }
+  return graph;
+}
 
 // The bytes of the graph's selected plan (the one built last). Throws Error if cuDNN cannot serialize it.
-std::vector<std::uint8_t> serialize_selected(const Graph& graph, Direction direction);
+template <typename Subject>
+std::vector<std::uint8_t> serialize_selected(const Graph& graph, const Subject& subject) {
+  std::vector<std::uint8_t> bytes;
+  fe::error_t status;
+  try {
+    status = graph.serialize(bytes, /*serialize_structure=*/false);
+  } catch (const std::exception& e) {  // cudnn-frontend lets some cuDNN failures escape as exceptions
+    throw Error(detail::concat("cuDNN graph API: serialize failed (", e.what(), ") for ", subject));
+  }
+  CUDNN_CACHE_REQUIRE(status.is_good(), "cuDNN graph API: serialize failed (", status.get_message(), ") for ",
+                      subject);
+  return bytes;
+}
 
 // The config's plan in the graph: one of heuristics' list at its position, if the plan there is still that
 // engine and those knobs (the graph is a heuristic_graph), any other appended. Returns its index, or -1 if it
