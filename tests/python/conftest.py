@@ -1,4 +1,5 @@
 import contextlib
+import json
 import os
 import pathlib
 import subprocess
@@ -64,6 +65,19 @@ def pytest_runtest_teardown(item):
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def zero_code_runs(child_env: dict, script: str, cache_file, runs: int = 2) -> list:
+    """Runs `script` in `runs` fresh processes one after another, each with CUDNN_CACHE_PATH=cache_file (load at
+    import, intercept, save at exit); returns the JSON object each printed last."""
+    env = dict(child_env, CUDNN_CACHE_PATH=str(cache_file))
+    env.pop("CUDNN_CACHE_INTERCEPT", None)
+    reports = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        reports.append(json.loads(done.stdout.splitlines()[-1]))
+    return reports
 
 
 @contextlib.contextmanager

@@ -2,16 +2,13 @@
 output of aten::_scaled_dot_product_cudnn_attention and the gradients, over dtypes, layouts, masks, causal and
 dropout; the calls the cache hands back; and a second process that restores every plan instead of compiling it."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cudnn_cache
+from conftest import zero_code_runs
 
 pytestmark = pytest.mark.gpu
 
@@ -161,14 +158,7 @@ print(json.dumps({"stats": cudnn_cache.stats(), "seconds": time.perf_counter() -
 
 
 def test_a_second_process_restores_every_attention_plan_and_computes_the_same(child_env, tmp_path):
-    env = dict(child_env, CUDNN_CACHE_PATH=str(tmp_path / "attention.cache"))
-    env.pop("CUDNN_CACHE_INTERCEPT", None)
-    reports = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", PERSIST_SCRIPT], env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr
-        reports.append(json.loads(done.stdout.splitlines()[-1]))
+    reports = zero_code_runs(child_env, PERSIST_SCRIPT, tmp_path / "attention.cache")
     first, second = (report["stats"] for report in reports)
     print("attention: first process", reports[0]["seconds"], "s, second", reports[1]["seconds"], "s")
     assert first["attention_plans_built"] >= 6 and first["attention_plans_restored"] == 0

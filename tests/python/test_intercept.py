@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cudnn_cache
-from conftest import cache_calls
+from conftest import cache_calls, zero_code_runs
 
 
 def cuda_kernel_of(operator: str) -> str:
@@ -300,14 +300,7 @@ print(json.dumps({"stats": cudnn_cache.stats(), "file": cudnn_cache.active_file(
 @pytest.mark.gpu
 def test_an_unmodified_torchvision_resnet_tunes_once_and_a_second_process_tunes_nothing(child_env, tmp_path):
     pytest.importorskip("torchvision", reason="torchvision is installed by scripts/install_deps.sh")
-    env = dict(child_env, CUDNN_CACHE_PATH=str(tmp_path / "resnet.cache"))
-    env.pop("CUDNN_CACHE_INTERCEPT", None)
-    reports = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", RESNET_SCRIPT], env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr
-        reports.append(json.loads(done.stdout.splitlines()[-1]))
+    reports = zero_code_runs(child_env, RESNET_SCRIPT, tmp_path / "resnet.cache")
     first, second = reports[0]["stats"], reports[1]["stats"]
     assert first["tunes"] > 0 and first["tunes"] == first["misses"]
     assert (tmp_path / "resnet.cache").exists()
