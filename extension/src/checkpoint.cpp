@@ -598,8 +598,9 @@ std::string to_json(const Checkpoint& checkpoint) {
             }
           });
         });
-        const auto write_json_plans = [&](const auto& plans, const char* name) {
-          json_array(archive, name, [&] {
+        const auto write_json_plans = [&](const auto& plans) {
+          using Key = typename std::decay_t<decltype(plans)>::value_type::first_type;
+          json_array(archive, plans_name(static_cast<const Key*>(nullptr), true), [&] {
             for (const auto& [key, plan] : plans) {
               archive.startNode();
               archive(cereal::make_nvp("key", key), cereal::make_nvp("plan", *plan));
@@ -607,7 +608,7 @@ std::string to_json(const Checkpoint& checkpoint) {
             }
           });
         };
-        write_json_plans(section.plans, "stored_plans");
+        write_json_plans(section.plans);
         if (holds_pending(checkpoint.header.format_version)) {
           for (const bool graph : {true, false}) {
             json_array(archive, pending_name(graph), [&] {
@@ -615,7 +616,7 @@ std::string to_json(const Checkpoint& checkpoint) {
             });
           }
         }
-        if (holds_attention(checkpoint.header.format_version)) write_json_plans(section.attention, "attention_plans");
+        if (holds_attention(checkpoint.header.format_version)) write_json_plans(section.attention);
         archive.finishNode();
       }
     });
